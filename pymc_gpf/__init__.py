@@ -1,0 +1,35 @@
+"""pymc-gpf: particle and Gaussian-flow variational inference for PyMC models.
+
+``import pymc_gpf`` makes ``pm.fit(method="gpf")`` available (``pymc_gpf.unregister()``
+undoes it).
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from pymc_gpf import optimizers
+from pymc_gpf.errors import DivergenceError, InitialPointError, ModelNotSupportedError
+from pymc_gpf.gpf import GPF, GPFApproximation
+from pymc_gpf.registry import register, register_method, unregister
+from pymc_gpf.target import BatchedTarget
+
+try:
+    __version__ = version("pymc-gpf")
+except PackageNotFoundError:  # running from a source tree
+    __version__ = "0.0.0+unknown"
+
+__all__ = [
+    "GPF",
+    "BatchedTarget",
+    "DivergenceError",
+    "GPFApproximation",
+    "InitialPointError",
+    "ModelNotSupportedError",
+    "__version__",
+    "optimizers",
+    "register",
+    "register_method",
+    "unregister",
+]
+
+register_method("gpf", GPF)
+register()

@@ -1,0 +1,81 @@
+"""Results as ArviZ 1.x data: an ``xarray.DataTree`` laid out as PyMC and pymc-extras do.
+
+Groups: ``posterior`` (chain=1, draw), ``observed_data``, ``constant_data`` (as
+``pm.sample``), ``fit`` (the optimisation trace on a ``step`` dim, as pymc-extras' ADVI) and
+one group named after the method with its fitted state and settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pymc as pm
+import xarray as xr
+
+from arviz_base import dict_to_dataset
+from pymc.backends.arviz import (
+    coords_and_dims_for_inferencedata,
+    dict_to_dataset_drop_incompatible_coords,
+    find_constants,
+    find_observations,
+)
+
+__all__ = ["build_datatree", "settings_attrs"]
+
+
+def _library():
+    import pymc_gpf
+
+    return pymc_gpf
+
+
+def settings_attrs(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings as netCDF-safe attributes (numbers, strings; None and objects as text)."""
+    out = {}
+    for key, value in settings.items():
+        if isinstance(value, bool):
+            out[key] = str(value)
+        elif isinstance(value, int | float | str | np.integer | np.floating):
+            out[key] = value
+        elif isinstance(value, tuple | list) and all(isinstance(v, int | float) for v in value):
+            out[key] = np.asarray(value)
+        else:
+            out[key] = repr(value)
+    return out
+
+
+def build_datatree(
+    model: pm.Model,
+    posterior: dict[str, np.ndarray],
+    *,
+    free_energy: np.ndarray,
+    method: str,
+    method_group: xr.Dataset,
+) -> xr.DataTree:
+    """Assemble the DataTree; ``posterior`` values have a leading draw axis."""
+    coords, dims = coords_and_dims_for_inferencedata(model)
+    library = _library()
+    groups = {
+        "posterior": dict_to_dataset_drop_incompatible_coords(
+            {name: value[None, ...] for name, value in posterior.items()},
+            inference_library=library,
+            coords=coords,
+            dims=dims,
+        ),
+        "fit": xr.Dataset(
+            {"free_energy": ("step", np.asarray(free_energy, dtype=float))},
+            coords={"step": np.arange(len(free_energy))},
+            attrs={"method": method, "definition": "free energy = -ELBO (full-data scale)"},
+        ),
+        method: method_group,
+    }
+    for name, values in (
+        ("observed_data", find_observations(model)),
+        ("constant_data", find_constants(model)),
+    ):
+        if values:
+            groups[name] = dict_to_dataset(
+                values, inference_library=library, coords=coords, dims=dims, sample_dims=[]
+            )
+    return xr.DataTree.from_dict({f"/{k}": v for k, v in groups.items()})

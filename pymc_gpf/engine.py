@@ -1,0 +1,441 @@
+"""The fit loop every method shares: one compiled step, PyMC's conventions around it.
+
+A method describes one step as a :class:`StepGraph` (symbolic free energy and the updates of
+its shared state); the engine adds the optimiser state, hyperparameter learning
+(``more_obj_params``), a guard that keeps the last finite state, compiles everything into one
+PyTensor function (one call per iteration) and runs it with PyMC's progress bar, callbacks
+``(approx, hist, i)``, ``StopIteration``/``KeyboardInterrupt`` handling and ``refine``.
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+
+from pymc.progress_bar import CustomProgress, default_progress_theme
+from pymc.pytensorf import compile as compile_pymc
+from pymc.variational.inference import Inference, State
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.basic import Variable
+from pytensor.graph.traversal import ancestors
+from rich.console import Console
+from rich.progress import Progress, TextColumn
+
+from pymc_gpf.errors import DivergenceError, InitialPointError
+from pymc_gpf.optimizers import Optimizer, Transform, map_state, resolve, state_leaves
+from pymc_gpf.target import BatchedTarget, compile_kwargs_for
+
+__all__ = ["CompiledStep", "FitOptions", "FlowInference", "StepGraph", "transform_direction"]
+
+logger = logging.getLogger("pymc_gpf")
+
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}.")
+    return float(value)
+
+
+def seed_sequence(random_seed: Any) -> np.random.SeedSequence:
+    """PyMC accepts ints, sequences of ints, SeedSequences and Generators as seeds."""
+    if isinstance(random_seed, np.random.SeedSequence):
+        return random_seed
+    if isinstance(random_seed, np.random.Generator):
+        return np.random.SeedSequence(int(random_seed.integers(2**63)))
+    if isinstance(random_seed, np.random.RandomState):
+        return np.random.SeedSequence(int(random_seed.randint(2**31)))
+    return np.random.SeedSequence(random_seed)
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """Settings of one ``fit`` call (PyMC fit keywords)."""
+
+    learning_rate: tuple[float, float]
+    optimizer: Optimizer
+    clip_norm: float | None
+    more_obj_params: tuple[SharedVariable, ...]
+    backend: str | None
+    compile_kwargs: dict = field(default_factory=dict)
+    include_transformed: bool = False
+
+    def chain(self, particle_axes: Sequence[int] = ()) -> Transform:
+        """Clip (optional), then precondition: the optimiser of one array."""
+        from pymc_gpf.optimizers import chain, clip_by_norm
+
+        clip = [clip_by_norm(self.clip_norm)] if self.clip_norm is not None else []
+        return chain(*clip, self.optimizer.transform(particle_axes))
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "learning_rate": self.learning_rate,
+            "optimizer": repr(self.optimizer),
+            "clip_norm": self.clip_norm,
+            "more_obj_params": [p.name or repr(p) for p in self.more_obj_params],
+            "backend": self.backend,
+        }
+
+
+@dataclass
+class StepGraph:
+    """One iteration of a method, symbolically.
+
+    ``free_energy`` is evaluated at the state *before* the update; ``logp``/``grad`` are the
+    log-density and its gradient at the points used (to name variables when they are not
+    finite); ``positions`` are the new points, last axis ``D``; ``hyper_grads`` are the
+    gradients of the free energy with respect to ``more_obj_params``.
+    """
+
+    free_energy: Variable
+    logp: Variable
+    grad: Variable
+    positions: Variable
+    updates: dict[Variable, Variable]
+    hyper_grads: list[Variable] = field(default_factory=list)
+
+
+@dataclass
+class CompiledStep:
+    """The compiled step (``() -> (free_energy, accepted)``) and the graph it came from."""
+
+    fn: Callable[[], list]
+    graph: StepGraph
+    options: FitOptions
+
+    def __call__(self):
+        return self.fn()
+
+    def diagnose(self, target: BatchedTarget) -> dict[str, np.ndarray]:
+        """Re-evaluate the step without applying it (after a rejection the kept state is
+        the one the step started from): per-point logp at the kept state and at the points
+        the step would move to, which coordinates have a non-finite gradient or new
+        position, and the largest gradient magnitude per coordinate. Compiled only when
+        needed, so the hot step stays small."""
+        g = self.graph
+        grad_axes = tuple(range(g.grad.ndim - 1))
+        new_points = g.positions.reshape((-1, g.positions.shape[-1]))
+        outputs = {
+            "logp": g.logp,
+            "bad_grad": pt.any(~pt.isfinite(g.grad), axis=grad_axes),
+            "bad_new": pt.any(~pt.isfinite(new_points), axis=0),
+            "max_grad": pt.max(pt.abs(g.grad), axis=grad_axes),
+            "new_points": new_points,
+            "new_logp": target.logp_and_grads(new_points)[0],
+        }
+        kwargs = compile_kwargs_for(self.options.backend, self.options.compile_kwargs)
+        values = compile_pymc([], list(outputs.values()), **kwargs)()
+        return {k: np.asarray(v) for k, v in zip(outputs, values, strict=True)}
+
+
+def transform_direction(
+    transform: Transform, direction: Variable, shape: tuple[int, ...], name: str
+) -> tuple[Variable, dict[SharedVariable, Variable]]:
+    """Run ``direction`` through ``transform`` with its state held in new shared variables."""
+    counter = iter(range(10**6))
+    state = map_state(
+        lambda value: pytensor.shared(value, name=f"{name}_opt{next(counter)}", shape=value.shape),
+        transform.init(tuple(shape)),
+    )
+    new_direction, new_state = transform.update(direction, state)
+    updates = {
+        s: new.astype(s.dtype)
+        for s, new in zip(state_leaves(state), state_leaves(new_state), strict=True)
+    }
+    return new_direction, updates
+
+
+class FlowInference(Inference):
+    """Base class of the pymc-gpf methods; a :class:`pymc.variational.Inference`.
+
+    Subclasses set :attr:`name` and implement :meth:`_initialise` (build the approximation
+    from the starting point) and :meth:`_build_step`.
+    """
+
+    name: ClassVar[str] = ""
+    default_learning_rate: ClassVar[float] = 1e-3
+
+    def __init__(self, *, model=None, random_seed=None, start=None):
+        self.target = BatchedTarget(model)
+        self.hist = np.asarray(())
+        self.state: State | None = None
+        self.fit_options: FitOptions | None = None
+        self._start = start
+        self._seed(random_seed)
+        self._approx = self._initialise()
+
+    approx = property(lambda self: self._approx)
+
+    @property
+    def model(self):
+        return self.target.model
+
+    # ------------------------------------------------------------------ subclass API
+    def _initialise(self):
+        raise NotImplementedError
+
+    def _build_step(self, options: FitOptions) -> StepGraph:
+        raise NotImplementedError
+
+    def _diagnostic_points(self) -> np.ndarray:
+        """Points ``(K, D)`` at which the last step evaluated the log-density."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------- seeds, start
+    def _seed(self, random_seed) -> None:
+        self.random_seed = random_seed
+        init_seq, step_seq = seed_sequence(random_seed).spawn(2)
+        self._init_rng = np.random.default_rng(init_seq)
+        self._step_seed = int(step_seq.generate_state(1)[0])
+
+    def _start_vector(self) -> np.ndarray:
+        return self.target.start_vector(self._start, random_seed=self._init_rng.integers(2**30))
+
+    def configure(self, *, model=None, random_seed=None, start=None) -> None:
+        """Apply ``pm.fit``'s ``model``/``random_seed``/``start`` to an existing instance
+        (PyMC ignores them for instances; we honour them)."""
+        if model is not None and model is not self.model:
+            raise ValueError(
+                f"This {type(self).__name__} was built for another model; create it inside "
+                "the model's context (or pass model=) and call pm.fit on that model."
+            )
+        if random_seed is None and start is None:
+            return
+        if self.state is not None:
+            if start is not None:
+                raise ValueError(
+                    "start= cannot move an approximation that has already been fitted; "
+                    "create a new instance or use .refine(n) to continue."
+                )
+            self._seed(random_seed)
+            return
+        if start is not None:
+            self._start = start
+        if random_seed is not None:
+            self._seed(random_seed)
+        self._approx = self._initialise()
+
+    # ------------------------------------------------------------------------ options
+    def _options(
+        self,
+        learning_rate,
+        optimizer,
+        clip_norm,
+        more_obj_params,
+        backend,
+        compile_kwargs,
+        include_transformed,
+    ) -> FitOptions:
+        if learning_rate is None:
+            learning_rate = self.default_learning_rate
+        if isinstance(learning_rate, tuple | list):
+            if len(learning_rate) != 2:
+                raise ValueError(
+                    "learning_rate is one number or a pair (eta1 for the mean shift, eta2 for "
+                    f"the linear part); got {learning_rate!r}."
+                )
+            rates = tuple(_positive("learning_rate", r) for r in learning_rate)
+        else:
+            rates = (_positive("learning_rate", learning_rate),) * 2
+        if clip_norm is not None:
+            clip_norm = _positive("clip_norm", clip_norm)
+        params = tuple(more_obj_params or ())
+        for p in params:
+            if not isinstance(p, SharedVariable) or p.dtype not in ("float32", "float64"):
+                raise TypeError(
+                    f"more_obj_params entries must be float pytensor.shared variables used by "
+                    f"the model; got {p!r}."
+                )
+            if p not in ancestors([self.target._logp]):
+                raise ValueError(
+                    f"more_obj_params: {p.name or p!r} is not used by the model's log-density, "
+                    "so the free energy does not depend on it."
+                )
+        compile_kwargs_for(backend, compile_kwargs)  # validates backend vs compile_kwargs
+        return FitOptions(
+            learning_rate=rates,
+            optimizer=resolve(optimizer),
+            clip_norm=clip_norm,
+            more_obj_params=params,
+            backend=backend,
+            compile_kwargs=dict(compile_kwargs or {}),
+            include_transformed=bool(include_transformed),
+        )
+
+    # ------------------------------------------------------------------------ compile
+    def _compile(self, options: FitOptions) -> CompiledStep:
+        graph = self._build_step(options)
+        updates = dict(graph.updates)
+        pairs = zip(options.more_obj_params, graph.hyper_grads, strict=True)
+        for i, (theta, grad) in enumerate(pairs):
+            shape = np.shape(theta.get_value())
+            direction, opt_updates = transform_direction(options.chain(), grad, shape, f"hyper{i}")
+            updates[theta] = (theta - options.learning_rate[0] * direction).astype(theta.dtype)
+            updates.update(opt_updates)
+        here_ok = pt.isfinite(graph.free_energy)
+        next_ok = here_ok
+        for value in updates.values():
+            next_ok = next_ok & pt.all(pt.isfinite(value))
+        # Accept only a finite step from a state with a finite free energy. A step is
+        # rejected when the new state is not finite (the state stays) or when the current
+        # state turns out to have a non-finite free energy (roll back to the previous one),
+        # so the state kept always has a finite free energy: the last good one.
+        guarded = {}
+        for var, value in updates.items():
+            previous = pytensor.shared(var.get_value(), name=f"{var.name}_previous")
+            guarded[var] = pt.switch(next_ok, value, pt.switch(here_ok, var, previous))
+            guarded[previous] = pt.switch(next_ok, var, previous)
+        ok = next_ok
+        fn = compile_pymc(
+            [],
+            [graph.free_energy, ok],
+            updates=guarded,
+            random_seed=self._step_seed,
+            **compile_kwargs_for(options.backend, options.compile_kwargs),
+        )
+        fn.trust_input = True
+        return CompiledStep(fn, graph, options)
+
+    # ---------------------------------------------------------------------------- fit
+    def fit(
+        self,
+        n: int = 10000,
+        score=None,
+        callbacks=None,
+        progressbar: bool = True,
+        progressbar_theme=default_progress_theme,
+        *,
+        backend: str | None = None,
+        include_transformed: bool = False,
+        learning_rate: float | tuple[float, float] | None = None,
+        optimizer: str | Optimizer = "sgd",
+        clip_norm: float | None = None,
+        more_obj_params: Sequence[SharedVariable] | None = None,
+        compile_kwargs: dict | None = None,
+        **kwargs,
+    ):
+        """Run ``n`` steps; returns the approximation (PyMC's ``Inference.fit`` contract).
+
+        ``learning_rate`` is one step size or a pair ``(eta1, eta2)`` (shift, linear part);
+        ``optimizer`` a name ("sgd", "momentum", "adam", "rmsprop", "adagrad") or a
+        :class:`pymc_gpf.optimizers.Optimizer`; ``clip_norm`` bounds the norm of each
+        update array separately; ``more_obj_params`` are ``pytensor.shared`` model
+        hyperparameters learnt jointly by descending the free energy. ``score`` is accepted
+        for PyMC compatibility: the free energy is always recorded (it costs nothing extra).
+        Calling ``fit`` again continues from the current state with a fresh optimiser.
+        """
+        if kwargs:
+            raise TypeError(
+                f"{type(self).__name__}.fit() got unexpected keyword(s) {sorted(kwargs)}; "
+                "it accepts learning_rate, optimizer, clip_norm, more_obj_params, "
+                "compile_kwargs, callbacks, progressbar, backend and include_transformed."
+            )
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+            raise ValueError(f"n (the number of steps) must be a non-negative integer, got {n!r}.")
+        options = self._options(
+            learning_rate,
+            optimizer,
+            clip_norm,
+            more_obj_params,
+            backend,
+            compile_kwargs,
+            include_transformed,
+        )
+        step = self._compile(options)
+        self.fit_options = options
+        done = 0 if self.state is None else self.state.i
+        self.state = State(done, step=step, callbacks=list(callbacks or []), score=True)
+        self._run(int(n), progressbar, progressbar_theme)
+        return self.approx
+
+    def refine(self, n: int, progressbar: bool = True, progressbar_theme=default_progress_theme):
+        """Continue with the last compiled step, callbacks and history."""
+        if self.state is None:
+            raise TypeError("Need to call `.fit` first")
+        self._run(int(n), progressbar, progressbar_theme)
+        return self.approx
+
+    def _run(self, n: int, progressbar: bool, progressbar_theme) -> None:
+        start, step, callbacks, _ = self.state
+        scores = np.full(n, np.nan)
+        done = 0
+        failure = None
+        try:
+            with CustomProgress(
+                *Progress.get_default_columns(),
+                TextColumn("{task.fields[loss]}"),
+                console=Console(theme=progressbar_theme),
+                disable=not progressbar,
+            ) as progress:
+                task = progress.add_task(f"Fitting {self.name.upper()}:", total=n, loss="")
+                for i in range(n):
+                    free_energy, ok = step()
+                    if not ok:
+                        failure = start + i
+                        break
+                    scores[i] = free_energy
+                    done = i + 1
+                    if done % 10 == 0 or done == n:
+                        progress.update(
+                            task, completed=done, loss=f"Free energy = {float(free_energy):,.6g}"
+                        )
+                    for callback in callbacks:
+                        callback(self.approx, scores[:done], start + done)
+        except StopIteration as stop:
+            logger.info(str(stop))
+        except KeyboardInterrupt:
+            logger.info("Interrupted at step %d; returning the fit so far.", start + done)
+        finally:
+            self.hist = np.concatenate([self.hist, scores[:done]])
+            self.state = self.state._replace(i=start + done)
+        if failure is not None:
+            raise self._failure(failure, step.diagnose(self.target))
+
+    def _nonfinite_terms(self, points: np.ndarray, logp: np.ndarray) -> list[str]:
+        bad = points[~np.isfinite(logp)][:3]
+        return sorted(
+            {t for p in bad if np.isfinite(p).all() for t in self.target.explain_nonfinite(p)}
+        )
+
+    def _failure(self, step_index: int, info: dict[str, np.ndarray]) -> Exception:
+        bad_logp = ~np.isfinite(info["logp"])
+        terms = self._nonfinite_terms(self._diagnostic_points(), info["logp"])
+        grads = self.target.variables_at(info["bad_grad"])
+        if step_index == 0 and (bad_logp.any() or grads):
+            parts = []
+            if bad_logp.any():
+                parts.append(f"the log-density is not finite for {terms or 'some terms'}")
+            if grads:
+                parts.append(f"the gradient is not finite for {grads}")
+            return InitialPointError(
+                f"{self.name.upper()} cannot start: at the initial particles "
+                f"{'; '.join(parts)}. Check `start` values are inside each variable's support, "
+                "reduce `jitter` (particles may land where the density is zero), or use "
+                "init='map'."
+            )
+        terms += self._nonfinite_terms(info["new_points"], info["new_logp"])
+        bad_grad, bad_new, max_grad = info["bad_grad"], info["bad_new"], info["max_grad"]
+        names = list(dict.fromkeys(self.target.variables_at(bad_new | bad_grad) + terms))
+        if names:
+            where = f" in {names}"
+        else:  # only the free energy overflowed: point at the steepest variable
+            steepest = self.target.variables_at(np.array([np.nanargmax(max_grad)]))
+            where = f" in the free energy (the largest gradients are in {steepest})"
+        return DivergenceError(
+            f"{self.name.upper()} diverged at step {step_index}: the update produced non-finite "
+            f"values{where}. The approximation keeps the last finite state (err.approx, "
+            f"history up to step {step_index}). Continue it with a smaller learning_rate (this "
+            f"fit used {self.fit_options.learning_rate}), a clip_norm, or optimizer='adam', "
+            "e.g. err.approx.inference.fit(n, learning_rate=...); starting closer (init='map', "
+            "smaller jitter) also helps.",
+            self.approx,
+        )

@@ -1,0 +1,5 @@
+"""Gaussian Particle Flow (GPF)."""
+
+from pymc_gpf.gpf.method import GPF, GPFApproximation
+
+__all__ = ["GPF", "GPFApproximation"]

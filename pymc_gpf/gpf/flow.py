@@ -1,0 +1,165 @@
+"""Gaussian Particle Flow: the equations of Galy-Fajou, Perrone & Opper (Entropy 2021).
+
+Pure functions of the particle matrix ``X`` (``N`` rows, one per particle; ``D`` columns),
+written in PyTensor so the method can fuse them into one compiled step. Notation: ``phi =
+-log p``, ``G = grad phi`` row-wise, ``m`` the particle mean, ``Z = X - m`` the deviations,
+``C = Z^T Z / N`` (the biased 1/N covariance, as in the paper). No function forms a ``D x D``
+matrix when ``N <= D``: everything goes through the ``N x N`` Gram matrix ``Z Z^T``.
+
+Sampling (eq. 16 with the typo fixed: the noise is one *scalar* per particle) is NumPy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytensor.tensor as pt
+
+from pytensor.graph.basic import Variable
+
+from pymc_gpf.structure import Structure
+
+__all__ = [
+    "centre",
+    "covariance",
+    "free_energy",
+    "linear_flow",
+    "log_pseudo_det",
+    "mean_shift",
+    "sample_gaussian",
+]
+
+LOG_2PI_E = float(np.log(2 * np.pi) + 1.0)
+
+
+def _n_rows(x: Variable) -> int:
+    n = x.type.shape[0]
+    if n is None:
+        raise ValueError("the number of particles must be static (use pt.specify_shape)")
+    return int(n)
+
+
+def _is_range(idx: np.ndarray) -> bool:
+    return len(idx) > 0 and bool(np.all(np.diff(idx) == 1))
+
+
+def _take(mat: Variable, idx: np.ndarray) -> Variable:
+    """Columns ``idx`` of ``mat`` (a view when they are contiguous)."""
+    if _is_range(idx):
+        return mat[..., int(idx[0]) : int(idx[-1]) + 1]
+    return mat[..., idx]
+
+
+def _assemble(parts: list[Variable], structure: Structure) -> Variable:
+    """Put per-block columns back in coordinate order."""
+    order = np.concatenate(structure.blocks)
+    out = parts[0] if len(parts) == 1 else pt.concatenate(parts, axis=-1)
+    if np.array_equal(order, np.arange(len(order))):
+        return out
+    return out[..., np.argsort(order)]
+
+
+def centre(particles: Variable) -> tuple[Variable, Variable]:
+    """The particle mean ``m`` and deviations ``Z = X - m``."""
+    mean = particles.mean(axis=0)
+    return mean, particles - mean
+
+
+def _block_linear(z: Variable, g: Variable, n: int) -> Variable:
+    if n <= z.type.shape[-1]:
+        return pt.dot(pt.dot(z, z.T), g) / n - z  # N x N Gram: O(N^2 D_b)
+    return pt.dot(z, pt.dot(z.T, g) / n) - z  # D_b x D_b when it is the smaller one
+
+
+def linear_flow(deviations: Variable, grads: Variable, structure: Structure) -> Variable:
+    """``(psi - I)(x_i - m)`` for every particle, with ``psi = (1/N) sum_i g_i (x_i - m)^T``
+    restricted to the blocks of ``structure`` (eq. 13, §3.5). Shape ``(N, D)``."""
+    n = _n_rows(deviations)
+    if structure.diagonal:
+        return deviations * (pt.mean(grads * deviations, axis=0) - 1.0)
+    parts = [_block_linear(_take(deviations, b), _take(grads, b), n) for b in structure.blocks]
+    return _assemble(parts, structure)
+
+
+def mean_shift(
+    deviations: Variable, grads: Variable, structure: Structure, natural: bool = False
+) -> Variable:
+    """The shift ``g_bar = (1/N) sum_i g_i`` of eq. 13, or ``C g_bar`` with ``natural``
+    (the preconditioned mean step discussed after Theorem 2). Shape ``(D,)``."""
+    g_bar = grads.mean(axis=0)
+    if not natural:
+        return g_bar
+    n = _n_rows(deviations)
+    if structure.diagonal:
+        return pt.mean(pt.square(deviations), axis=0) * g_bar
+    parts = []
+    for b in structure.blocks:
+        z = _take(deviations, b)
+        parts.append(pt.dot(z.T, pt.dot(z, _take(g_bar, b))) / n)
+    return _assemble(parts, structure)
+
+
+def _logdet_spd(a: Variable) -> Variable:
+    return 2.0 * pt.sum(pt.log(pt.diagonal(pt.linalg.cholesky(a, on_error="nan"))))
+
+
+def log_pseudo_det(deviations: Variable, structure: Structure) -> Variable:
+    """``sum over blocks of sum_{lambda > 0} log lambda(C_b)`` (App. D).
+
+    For ``N <= D_b + 1`` through the ``N x N`` identity ``log|Z_b Z_b^T / N + J / N|``
+    (J the all-ones matrix lifts the zero eigenvalue of the centring); for ``N > D_b + 1``
+    that matrix is singular and ``log|C_b|`` is used instead. The lifted eigenvalue is set
+    to the cloud's own scale ``s`` (and ``log s`` subtracted) so the matrix stays well
+    conditioned whatever the units.
+    """
+    n = _n_rows(deviations)
+    if structure.diagonal:
+        return pt.sum(pt.log(pt.mean(pt.square(deviations), axis=0)))
+    total = 0.0
+    for b in structure.blocks:
+        z = _take(deviations, b)
+        if n <= len(b) + 1:
+            gram = pt.dot(z, z.T) / n
+            scale = pt.mean(pt.diagonal(gram))
+            total = total + _logdet_spd(gram + scale / n) - pt.log(scale)
+        else:
+            total = total + _logdet_spd(pt.dot(z.T, z) / n)
+    return total
+
+
+def free_energy(logp: Variable, deviations: Variable, structure: Structure) -> Variable:
+    """Regularised free energy (§3.4.1, App. D), as minus an evidence lower bound:
+
+    ``F = mean_i phi(x_i) - 1/2 sum_{lambda>0} log lambda(C) - D/2 (1 + log 2 pi)``.
+
+    The paper's ``F~`` omits the constant ``D/2 (1 + log 2 pi)``; with it, at the exact
+    solution for a Gaussian target and ``N >= D + 1``, ``F = -log Z`` (the log evidence).
+    """
+    d = deviations.type.shape[-1]
+    return -pt.mean(logp) - 0.5 * log_pseudo_det(deviations, structure) - 0.5 * d * LOG_2PI_E
+
+
+# ----------------------------------------------------------------- NumPy: the fitted q
+def covariance(deviations: np.ndarray, structure: Structure) -> np.ndarray:
+    """The fitted covariance ``C`` (1/N), block-diagonal as the structure says."""
+    cov = deviations.T @ deviations / len(deviations)
+    return cov if structure.kind == "full" else cov * structure.mask()
+
+
+def sample_gaussian(
+    mean: np.ndarray,
+    deviations: np.ndarray,
+    structure: Structure,
+    draws: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Draws from ``q = N(m, C)`` without factorising ``C`` (eq. 16, corrected):
+    ``x = m + Z^T xi / sqrt(N)`` with one scalar ``xi_i ~ N(0, 1)`` per particle, drawn
+    independently for every block. Shape ``(draws, D)``."""
+    n, d = deviations.shape
+    if structure.diagonal:
+        return mean + rng.standard_normal((draws, d)) * np.sqrt(np.mean(deviations**2, axis=0))
+    out = np.empty((draws, d), dtype=deviations.dtype)
+    for b in structure.blocks:
+        xi = rng.standard_normal((draws, n))
+        out[:, b] = mean[b] + xi @ deviations[:, b] / np.sqrt(n)
+    return out

@@ -1,0 +1,311 @@
+"""The shared adapter: a PyMC model as a *batched target* on flat unconstrained coordinates.
+
+Every method in this package moves points of ``R^D``, the model's free variables raveled in
+PyMC's unconstrained space (transforms applied, log-Jacobian in the density). A set of
+points is one matrix ``(N, D)``; the log-density of all of them and its gradient come from
+one PyTensor graph, built by vectorising the model's logp graph over the leading axis with
+:func:`pytensor.graph.replace.vectorize_graph`. Nothing loops over points in Python.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+
+from pymc.initial_point import make_initial_point_fn
+from pymc.pytensorf import compile as compile_pymc
+from pymc.pytensorf import join_nonshared_inputs, resolve_backend_compile_kwargs
+from pymc.util import get_default_varnames, get_untransformed_name, is_transformed_name
+from pytensor.compile.ops import ViewOp
+from pytensor.graph.basic import Variable
+from pytensor.graph.replace import clone_replace, graph_replace, vectorize_graph
+from pytensor.graph.traversal import ancestors
+from pytensor.tensor.blockwise import Blockwise
+from pytensor.tensor.type import discrete_dtypes
+
+from pymc_gpf import vectorize_rules  # noqa: F401  (batched rules PyTensor lacks)
+from pymc_gpf.errors import InitialPointError, ModelNotSupportedError
+
+__all__ = ["BatchedTarget", "Coordinates", "compile_kwargs_for", "vectorize_rows"]
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+@dataclass(frozen=True)
+class Coordinates:
+    """Where one free variable lives in the flat unconstrained vector."""
+
+    value_name: str
+    rv_name: str
+    shape: tuple[int, ...]
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def slice(self) -> slice:
+        return slice(self.start, self.stop)
+
+
+def compile_kwargs_for(backend: str | None, compile_kwargs: dict | None = None) -> dict:
+    """PyMC's ``backend=`` convention ("c", "numba", "jax"; None is PyTensor's default)."""
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"backend must be a string such as 'c', 'numba' or 'jax', got {backend!r}")
+    return resolve_backend_compile_kwargs(backend, compile_kwargs)
+
+
+def _map_rows(outputs: list[Variable], flat: Variable, rows: Variable) -> list[Variable]:
+    mapped = pytensor.map(
+        lambda row: clone_replace(outputs, replace={flat: row}),
+        sequences=[rows],
+        return_updates=False,
+    )
+    return list(mapped) if isinstance(mapped, list | tuple) else [mapped]
+
+
+def _try_vectorize(outputs: list[Variable], flat: Variable, rows: Variable, what: str):
+    """``vectorize_graph`` over rows, or None (after one warning) if it cannot be done.
+
+    Ops without a batched implementation are wrapped by PyTensor in a ``Blockwise`` loop
+    (correct, slower): that is reported once too.
+    """
+    try:
+        batched = vectorize_graph(_without_view_ops(outputs), replace={flat: rows})
+    except NotImplementedError as err:
+        _warn_once(
+            f"scan:{what}",
+            f"pymc-gpf could not vectorise the {what} graph over particles ({err}); "
+            "falling back to a slower per-particle loop inside the compiled function.",
+        )
+        return None
+    looped = sorted(
+        {
+            str(var.owner.op.core_op)
+            for var in ancestors(batched)
+            if var.owner is not None
+            and isinstance(var.owner.op, Blockwise)
+            and not hasattr(var.owner.op.core_op, "gufunc_signature")
+        }
+    )
+    if looped:
+        _warn_once(
+            f"blockwise:{what}:{looped}",
+            f"pymc-gpf: the Ops {looped} in the {what} graph have no batched implementation; "
+            "PyTensor evaluates them once per particle (correct but slower).",
+        )
+    return list(batched)
+
+
+def vectorize_rows(
+    outputs: list[Variable], flat: Variable, rows: Variable, *, what: str
+) -> list[Variable]:
+    """Evaluate ``outputs(flat)`` for every row of ``rows`` in one graph (a per-row loop
+    inside the graph only if the graph cannot be vectorised)."""
+    batched = _try_vectorize(outputs, flat, rows, what)
+    return batched if batched is not None else _map_rows(outputs, flat, rows)
+
+
+def _without_view_ops(outputs: list[Variable]) -> list[Variable]:
+    """Drop the identity ``ViewOp`` PyMC wraps deterministics in (it has no vectorise rule,
+    so it would otherwise become a per-particle loop)."""
+    views = {
+        var: var.owner.inputs[0]
+        for var in ancestors(outputs)
+        if var.owner is not None and isinstance(var.owner.op, ViewOp)
+    }
+    return graph_replace(outputs, views, strict=False) if views else list(outputs)
+
+
+def _check_model(model: pm.Model) -> None:
+    if not model.free_RVs:
+        raise ModelNotSupportedError(
+            "The model has no free variables: there is nothing to infer. Add an unobserved "
+            "random variable, or check that every variable was not given `observed=`."
+        )
+    discrete = [rv.name for rv in model.free_RVs if rv.type.dtype in discrete_dtypes]
+    if discrete:
+        raise ModelNotSupportedError(
+            f"Free variable(s) {discrete} are discrete; particle and Gaussian flows need "
+            "continuous variables. Marginalise them out (e.g. pymc_extras.marginalize) or "
+            "use pm.sample, which assigns a discrete step method to them."
+        )
+
+
+class BatchedTarget:
+    """A PyMC model seen as ``log p(x)`` on flat unconstrained coordinates ``x`` in ``R^D``.
+
+    The model is only read, never modified. The logp graph is the model's own
+    (``model.logp()``: log-Jacobians included, ``total_size`` scaling of ``pm.Minibatch``
+    observations included, so every value is on the full-data scale).
+    """
+
+    def __init__(self, model: pm.Model | None = None):
+        model = pm.modelcontext(model)
+        _check_model(model)
+        self.model = model
+        self.value_vars = list(model.value_vars)
+        self._point = model.initial_point()
+        rv_of = {model.rvs_to_values[rv].name: rv.name for rv in model.free_RVs}
+        coords, start = [], 0
+        for var in self.value_vars:
+            shape = tuple(int(s) for s in np.shape(self._point[var.name]))
+            size = int(np.prod(shape, dtype=int))
+            coords.append(Coordinates(var.name, rv_of[var.name], shape, start, start + size))
+            start += size
+        self.coordinates: tuple[Coordinates, ...] = tuple(coords)
+        self.ndim = start
+        self.dtype = pytensor.config.floatX
+        [logp], self._flat = join_nonshared_inputs(self._point, [model.logp()], self.value_vars)
+        self._logp = logp
+
+    # ----------------------------------------------------------------- symbolic graphs
+    def logp_and_grads(
+        self, particles: Variable, wrt: list[Variable] | tuple = ()
+    ) -> tuple[Variable, Variable, list[Variable]]:
+        """Per-row log-density ``(N,)``, its gradient ``(N, D)``, and ``d sum(logp)/d wrt``."""
+        batched = _try_vectorize([self._logp], self._flat, particles, "log-density")
+        if batched is not None:
+            grads = pytensor.grad(batched[0].sum(), [particles, *wrt])
+            return batched[0], grads[0], list(grads[1:])
+        # fallback: differentiate the single-point graph, then loop (no gradient through it)
+        single = [self._logp, *pytensor.grad(self._logp, [self._flat, *wrt])]
+        logp, grad, *per_row = _map_rows(single, self._flat, particles)
+        return logp, grad, [g.sum(axis=0) for g in per_row]
+
+    def compile_logp_dlogp(self, backend: str | None = None, compile_kwargs: dict | None = None):
+        """The bare batched function ``X (N, D) -> (logp (N,), dlogp (N, D))``."""
+        particles = pt.matrix("particles", dtype=self.dtype)
+        logp, grad, _ = self.logp_and_grads(particles)
+        return compile_pymc(
+            [particles], [logp, grad], **compile_kwargs_for(backend, compile_kwargs)
+        )
+
+    # ------------------------------------------------------------- coordinates, names
+    @cached_property
+    def labels(self) -> list[str]:
+        """One label per flat coordinate, e.g. ``"beta[2]"`` or ``"sigma_log__"``."""
+        labels = []
+        for c in self.coordinates:
+            if c.shape == ():
+                labels.append(c.value_name)
+            else:
+                labels += [f"{c.value_name}[{', '.join(map(str, i))}]" for i in np.ndindex(c.shape)]
+        return labels
+
+    def variables_at(self, dims: np.ndarray) -> list[str]:
+        """Names of the free variables owning the flat coordinates flagged in ``dims``."""
+        dims = np.asarray(dims)
+        idx = np.flatnonzero(dims) if dims.dtype == bool else dims
+        return [c.rv_name for c in self.coordinates if np.any((idx >= c.start) & (idx < c.stop))]
+
+    def point(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """A flat vector as PyMC's point dict (value-variable names, unconstrained)."""
+        flat = np.asarray(flat)
+        return {c.value_name: flat[c.slice].reshape(c.shape) for c in self.coordinates}
+
+    def flatten(self, point: dict[str, Any]) -> np.ndarray:
+        return np.concatenate(
+            [np.asarray(point[c.value_name], dtype=self.dtype).ravel() for c in self.coordinates]
+        )
+
+    def find(self, name: str) -> Coordinates:
+        """Coordinates of a free variable given its RV name or value-variable name."""
+        for c in self.coordinates:
+            if name in (c.rv_name, c.value_name):
+                return c
+        raise KeyError(name)
+
+    # ----------------------------------------------------------------- starting point
+    def start_vector(self, start: dict | None = None, random_seed=None) -> np.ndarray:
+        """The flat unconstrained starting point: the model's initial point updated by
+        ``start`` (keys: RV names in constrained space, or value-variable names)."""
+        if not start:
+            return self.flatten(self._point)
+        if not isinstance(start, dict):
+            raise TypeError(f"start must be a dict of variable name -> value, got {type(start)}")
+        shapes = self.model.eval_rv_shapes()
+        overrides = {}
+        for key, value in start.items():
+            name = key if isinstance(key, str) else getattr(key, "name", str(key))
+            if name not in shapes:
+                free = [c.rv_name for c in self.coordinates]
+                raise KeyError(
+                    f"start has an entry {name!r} that is not a free variable of the model; "
+                    f"free variables are {free} (or their transformed names)."
+                )
+            expected = tuple(int(s) for s in shapes[name])
+            value = np.asarray(value, dtype=self.dtype)
+            if value.shape != expected:
+                if value.ndim != 0:
+                    raise ValueError(
+                        f"start[{name!r}] has shape {value.shape}, but {name} has shape "
+                        f"{expected}. Pass an array of shape {expected} (or a scalar)."
+                    )
+                value = np.broadcast_to(value, expected).copy()
+            if not np.all(np.isfinite(value)):
+                raise InitialPointError(f"start[{name!r}] contains non-finite values: {value}.")
+            overrides[name] = value
+        point = make_initial_point_fn(
+            model=self.model, overrides=overrides, jitter_rvs=set(), return_transformed=True
+        )(random_seed)
+        return self.flatten(point)
+
+    def explain_nonfinite(self, flat: np.ndarray) -> list[str]:
+        """Names of the terms whose log-density is not finite at ``flat`` (slow; errors only)."""
+        logps = self.model.point_logps(self.point(flat), round_vals=16)
+        return [name for name, value in logps.items() if not np.isfinite(value)]
+
+    # -------------------------------------------------------------- constrained draws
+    def compile_constrained(
+        self,
+        include_transformed: bool = False,
+        backend: str | None = None,
+        compile_kwargs: dict | None = None,
+    ):
+        """A function mapping flat unconstrained draws ``(S, D)`` to a dict of constrained
+        free variables and deterministics, each with a leading draw axis ``S``."""
+        outputs = [
+            v for v in self.model.unobserved_value_vars if not isinstance(v, pt.TensorConstant)
+        ]
+        keep = set(get_default_varnames([v.name for v in outputs], include_transformed))
+        outputs = [v for v in outputs if v.name in keep]
+        names = [v.name for v in outputs]
+        joined, flat = join_nonshared_inputs(self._point, outputs, self.value_vars)
+        draws = pt.matrix("draws", dtype=self.dtype)
+        batched = vectorize_rows(joined, flat, draws, what="deterministics")
+        fn = compile_pymc([draws], batched, **compile_kwargs_for(backend, compile_kwargs))
+        core_ndims = {v.name: v.ndim for v in outputs}
+
+        def constrained(samples: np.ndarray) -> dict[str, np.ndarray]:
+            samples = np.asarray(samples, dtype=self.dtype)
+            values = fn(samples)
+            out = {}
+            for name, value in zip(names, values, strict=True):
+                value = np.asarray(value)
+                if value.ndim == core_ndims[name]:  # does not depend on the free variables
+                    value = np.broadcast_to(value, (len(samples), *value.shape))
+                out[name] = value
+            return out
+
+        return constrained
+
+
+def untransformed_name(name: str) -> str:
+    return get_untransformed_name(name) if is_transformed_name(name) else name

@@ -1,0 +1,217 @@
+"""pm.fit integration: registration, DataTree layout, callbacks, refine, seeds, backends."""
+
+import numpy as np
+import pymc as pm
+import pymc.variational.inference as pm_inference
+import pytest
+import xarray as xr
+
+import pymc_gpf
+
+from pymc_gpf.registry import _original
+
+
+@pytest.fixture(scope="module")
+def fitted(regression_model):
+    return pm.fit(
+        3000,
+        method="gpf",
+        model=regression_model,
+        random_seed=3,
+        inf_kwargs={"n_particles": 6},
+        progressbar=False,
+    )
+
+
+def test_registration_is_idempotent_and_reversible():
+    original = _original()
+    wrapper = pm.fit
+    assert wrapper is pm.variational.fit is pm_inference.fit
+    assert wrapper is not original and wrapper.__wrapped__ is original
+    pymc_gpf.register()
+    assert pm.fit is wrapper  # registering again changes nothing
+    pymc_gpf.unregister()
+    try:
+        assert pm.fit is original and pm.variational.fit is original
+        assert pm_inference.fit is original
+        with pytest.raises(KeyError):
+            pm.fit(method="gpf", model=pm.Model())
+    finally:
+        pymc_gpf.register()
+    assert pm.fit.__wrapped__ is original
+
+
+def test_unknown_method_lists_pymc_and_ours(regression_model):
+    with pytest.raises(KeyError, match=r"advi.*gpf|gpf.*advi"):
+        pm.fit(10, method="nonsense", model=regression_model)
+
+
+def test_other_methods_pass_through_to_pymc(regression_model):
+    approx = pm.fit(20, method="advi", model=regression_model, random_seed=1, progressbar=False)
+    assert isinstance(approx, pm.MeanField)
+    assert len(approx.hist) == 20
+
+
+def test_inf_kwargs_and_instance_path(regression_model):
+    approx = pm.fit(
+        0,
+        method="GPF",
+        model=regression_model,
+        inf_kwargs={"n_particles": 7, "natural_mean": True, "jitter": 0.5},
+        progressbar=False,
+    )
+    assert approx.inference.n_particles == 7 and approx.inference.natural_mean
+    assert approx.particles.shape == (7, 3)
+    gpf = pymc_gpf.GPF(5, model=regression_model)
+    assert isinstance(gpf, pm.variational.Inference)
+    assert pm.fit(0, method=gpf, progressbar=False) is gpf.approx
+
+
+def test_random_seed_is_honoured_on_both_paths(regression_model):
+    def run(method, seed):
+        return pm.fit(
+            50,
+            method=method,
+            model=regression_model,
+            random_seed=seed,
+            progressbar=False,
+        )
+
+    a = run("gpf", 11)
+    b = run("gpf", 11)
+    c = run(pymc_gpf.GPF(model=regression_model, random_seed=0), 11)
+    d = run(pymc_gpf.GPF(model=regression_model, random_seed=0), 12)
+    np.testing.assert_array_equal(a.particles, b.particles)
+    np.testing.assert_array_equal(a.hist, b.hist)
+    np.testing.assert_array_equal(a.particles, c.particles)  # PyMC would ignore the seed here
+    assert not np.array_equal(c.particles, d.particles)
+    draws_a = a.sample(20, random_seed=5).posterior["slope"].values
+    draws_b = b.sample(20, random_seed=5).posterior["slope"].values
+    np.testing.assert_array_equal(draws_a, draws_b)
+
+
+def test_datatree_layout(fitted, regression_model, regression_data):
+    dt = fitted.sample(400, random_seed=1)
+    assert isinstance(dt, xr.DataTree)
+    post = dt["posterior"]
+    assert post.sizes["chain"] == 1 and post.sizes["draw"] == 400
+    assert post["slope"].dims == ("chain", "draw")
+    assert set(post.data_vars) == {"intercept", "slope", "sigma", "sigma2"}
+    np.testing.assert_allclose(post["sigma2"], post["sigma"] ** 2)
+    assert (post["sigma"] > 0).all()
+    np.testing.assert_array_equal(dt["observed_data"]["y"], regression_data[1])
+    np.testing.assert_array_equal(dt["constant_data"]["x"], regression_data[0])
+    assert dt["observed_data"]["y"].dims == ("obs",)
+    fit = dt["fit"]["free_energy"]
+    assert fit.dims == ("step",) and fit.size == len(fitted.hist) == 3000
+    np.testing.assert_array_equal(fit.values, fitted.hist)
+    gpf = dt["gpf"]
+    assert gpf["sigma"].dims == ("particle",) and gpf.sizes["particle"] == 6
+    unconstrained = gpf["unconstrained"].sel(coordinate="sigma_log__")
+    np.testing.assert_allclose(gpf["sigma"], np.exp(unconstrained))
+    assert gpf.attrs["n_particles"] == 6 and gpf.attrs["structure"] == "full"
+    with_transformed = fitted.sample(10, random_seed=1, include_transformed=True)["posterior"]
+    assert "sigma_log__" in with_transformed
+
+
+def test_mean_std_cov_are_pytensor_expressions_of_the_particles(fitted):
+    x = fitted.particles
+    m, z = x.mean(0), x - x.mean(0)
+    np.testing.assert_allclose(fitted.mean.eval(), m)
+    np.testing.assert_allclose(fitted.std.eval(), np.sqrt((z**2).mean(0)))
+    np.testing.assert_allclose(fitted.cov.eval(), z.T @ z / len(x))
+    assert fitted.params[0] is fitted.shared_particles
+
+
+def test_sampling_matches_the_fitted_gaussian(fitted):
+    draws = fitted.sample(20_000, random_seed=2, include_transformed=True)["posterior"]
+    flat = np.column_stack(
+        [draws[name].values.ravel() for name in ("intercept", "slope", "sigma_log__")]
+    )
+    cov = fitted.cov.eval()
+    np.testing.assert_allclose(flat.mean(0), fitted.mean.eval(), atol=5 * np.sqrt(cov.max() / 2e4))
+    np.testing.assert_allclose(np.cov(flat.T), cov, atol=5 * np.sqrt(2 / 2e4) * cov.max())
+
+
+def test_refine_continues_exactly(regression_model):
+    def gpf():
+        return pymc_gpf.GPF(4, model=regression_model, random_seed=8)
+
+    whole = pm.fit(500, method=gpf(), progressbar=False)
+    inference = gpf()
+    part = pm.fit(200, method=inference, progressbar=False)
+    part.refine(300, progressbar=False)
+    np.testing.assert_array_equal(part.particles, whole.particles)
+    np.testing.assert_array_equal(part.hist, whole.hist)
+    assert inference.state.i == 500
+
+
+def test_callbacks_tracker_convergence_stop_and_interrupt(regression_model):
+    tracker = pm.variational.callbacks.Tracker(mean=lambda: 0.0)
+    seen = []
+
+    def spy(approx, hist, i):
+        seen.append((i, len(hist), hist[-1]))
+
+    approx = pm.fit(
+        30,
+        method="gpf",
+        model=regression_model,
+        callbacks=[tracker, spy],
+        progressbar=False,
+    )
+    assert len(tracker["mean"]) == 30
+    assert [s[0] for s in seen] == list(range(1, 31)) and seen[-1][2] == approx.hist[-1]
+
+    converge = pm.variational.callbacks.CheckParametersConvergence(
+        every=50, tolerance=1e-3, diff="absolute"
+    )
+    approx = pm.fit(
+        20_000,
+        method="gpf",
+        model=regression_model,
+        callbacks=[converge],
+        progressbar=False,
+    )
+    assert 100 <= len(approx.hist) < 20_000
+
+    def stop_at_17(approx, hist, i):
+        if i == 17:
+            raise StopIteration("enough")
+
+    def interrupt_at_9(approx, hist, i):
+        if i == 9:
+            raise KeyboardInterrupt
+
+    for callback, expected in ((stop_at_17, 17), (interrupt_at_9, 9)):
+        approx = pm.fit(
+            100,
+            method="gpf",
+            model=regression_model,
+            callbacks=[callback],
+            progressbar=False,
+        )
+        assert len(approx.hist) == expected and np.isfinite(approx.hist).all()
+        assert approx.sample(5, random_seed=1)["posterior"].sizes["draw"] == 5
+
+
+def test_progressbar_runs(regression_model, capsys):
+    approx = pm.fit(25, method="gpf", model=regression_model)
+    assert len(approx.hist) == 25
+
+
+def test_c_backend_gives_the_same_numbers(regression_model):
+    def run(backend):
+        return pm.fit(
+            300,
+            method="gpf",
+            model=regression_model,
+            random_seed=4,
+            backend=backend,
+            progressbar=False,
+        )
+
+    default, c = run(None), run("c")
+    np.testing.assert_allclose(c.particles, default.particles, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(c.hist, default.hist, rtol=1e-9)
+    assert c.sample(3, random_seed=0)["posterior"].sizes["draw"] == 3

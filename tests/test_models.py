@@ -1,0 +1,129 @@
+"""Real models: NUTS agreement, pm.Minibatch on the full-data scale, type-II ML."""
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+import pytest
+
+
+def _compare_with_nuts(model, approx, names, seed=1):
+    """Means within 0.1 posterior sd and sds within 15 % of NUTS, in constrained space."""
+    nuts = pm.sample(
+        2000, tune=1000, chains=2, cores=1, random_seed=seed, progressbar=False, model=model
+    ).posterior
+    q = approx.sample(20_000, random_seed=seed).posterior
+    for name in names:
+        ref_mean = nuts[name].mean(("chain", "draw")).values
+        ref_sd = nuts[name].std(("chain", "draw")).values
+        mean = q[name].mean(("chain", "draw")).values
+        sd = q[name].std(("chain", "draw")).values
+        np.testing.assert_array_less(np.abs(mean - ref_mean) / ref_sd, 0.1, err_msg=name)
+        np.testing.assert_array_less(np.abs(sd / ref_sd - 1), 0.15, err_msg=name)
+
+
+def test_constrained_regression_matches_nuts(regression_model):
+    approx = pm.fit(
+        10_000,
+        method="gpf",
+        model=regression_model,
+        random_seed=5,
+        inf_kwargs={"natural_mean": True},
+        progressbar=False,
+    )
+    _compare_with_nuts(regression_model, approx, ["intercept", "slope", "sigma"])
+
+
+def test_hierarchical_model_matches_nuts():
+    """Centred hierarchical model with HalfNormal and Exponential scales. Its posterior is
+    not Gaussian, so GPF needs N well above D + 1 (finite-N bias, see the docs)."""
+    rng = np.random.default_rng(11)
+    groups, per_group = 30, 20
+    group = np.repeat(np.arange(groups), per_group)
+    y = rng.normal(1.0, 1.0, groups)[group] + rng.normal(0, 1.0, groups * per_group)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0, 5)
+        tau = pm.HalfNormal("tau", 2)
+        sigma = pm.Exponential("sigma", 1)
+        a = pm.Normal("a", mu, tau, shape=groups)
+        pm.Normal("y", a[group], sigma, observed=y)
+    approx = pm.fit(
+        10_000,
+        method="gpf",
+        model=model,
+        random_seed=5,
+        inf_kwargs={"n_particles": 200, "natural_mean": True},
+        progressbar=False,
+    )
+    _compare_with_nuts(model, approx, ["mu", "tau", "sigma", "a"])
+
+
+def _regression(x, y, minibatch=None):
+    with pm.Model() as model:
+        intercept = pm.Normal("intercept", 0, 5)
+        slope = pm.Normal("slope", 0, 5)
+        sigma = pm.HalfNormal("sigma", 2)
+        if minibatch:
+            x, y = pm.Minibatch(x, y, batch_size=minibatch)
+        pm.Normal("y", intercept + slope * x, sigma, observed=y, total_size=1000)
+    return model
+
+
+def test_minibatch_free_energy_is_on_the_full_data_scale():
+    """At fixed particles, F~ from pm.Minibatch + total_size is an unbiased estimate of the
+    full-data F~: its average over many minibatches matches within Monte Carlo error."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=1000)
+    y = 0.5 + 1.5 * x + rng.normal(scale=0.8, size=1000)
+    full = pm.fit(
+        10_000,
+        method="gpf",
+        model=_regression(x, y),
+        random_seed=1,
+        inf_kwargs={"natural_mean": True},
+        progressbar=False,
+    )
+    particles = full.particles
+    full.inference.fit(1, learning_rate=1e-14, progressbar=False)
+    exact = full.hist[-1]  # F~ at exactly these particles, full data
+    frozen = pm.fit(
+        4000,
+        method="gpf",
+        model=_regression(x, y, minibatch=100),
+        random_seed=2,
+        inf_kwargs={"initial_particles": particles},
+        learning_rate=1e-14,
+        progressbar=False,
+    )
+    np.testing.assert_allclose(frozen.particles, particles, atol=1e-9)
+    estimates = frozen.hist
+    assert estimates.std() > 1.0  # the minibatch noise is real...
+    error = 4 * estimates.std() / np.sqrt(len(estimates))
+    assert abs(estimates.mean() - exact) < error  # ...and centred on the full-data value
+
+
+def test_more_obj_params_is_type_ii_maximum_likelihood():
+    """w_j ~ N(0, sigma^2), y_j ~ N(w_j, 1): descending F~ jointly in the particles and
+    log(sigma) gives the closed-form ML-II sigma^2 = mean(y^2) - 1, and F~ = -log p(y|sigma)."""
+    rng = np.random.default_rng(4)
+    groups = 20
+    y = rng.normal(0, np.sqrt(2.0**2 + 1), groups)
+    log_sigma = pytensor.shared(0.0, name="log_sigma")
+    with pm.Model() as model:
+        w = pm.Normal("w", 0, pt.exp(log_sigma), shape=groups)
+        pm.Normal("y", w, 1.0, observed=y)
+    approx = pm.fit(
+        20_000,
+        method="gpf",
+        model=model,
+        random_seed=6,
+        inf_kwargs={"natural_mean": True},
+        learning_rate=0.01,
+        more_obj_params=[log_sigma],
+        progressbar=False,
+    )
+    sigma2 = np.mean(y**2) - 1
+    assert np.exp(2 * log_sigma.get_value()) == pytest.approx(sigma2, rel=1e-8)
+    marginal = -0.5 * np.sum(np.log(2 * np.pi * (sigma2 + 1)) + y**2 / (sigma2 + 1))
+    assert approx.hist[-1] == pytest.approx(-marginal, abs=1e-8)
+    assert approx.inference.settings()["more_obj_params"] == ["log_sigma"]
