@@ -31,8 +31,8 @@ from pytensor.graph.traversal import ancestors
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.type import discrete_dtypes
 
-from pymc_gpf import vectorize_rules  # noqa: F401  (batched rules PyTensor lacks)
 from pymc_gpf.errors import InitialPointError, ModelNotSupportedError
+from pymc_gpf.rewrites import with_rewrites
 
 __all__ = ["BatchedTarget", "Coordinates", "compile_kwargs_for", "vectorize_rows"]
 
@@ -68,7 +68,9 @@ def compile_kwargs_for(backend: str | None, compile_kwargs: dict | None = None) 
     """PyMC's ``backend=`` convention ("c", "numba", "jax"; None is PyTensor's default)."""
     if backend is not None and not isinstance(backend, str):
         raise TypeError(f"backend must be a string such as 'c', 'numba' or 'jax', got {backend!r}")
-    return resolve_backend_compile_kwargs(backend, compile_kwargs)
+    kwargs = resolve_backend_compile_kwargs(backend, compile_kwargs)
+    kwargs["mode"] = with_rewrites(kwargs.get("mode"))
+    return kwargs
 
 
 def _map_rows(outputs: list[Variable], flat: Variable, rows: Variable) -> list[Variable]:

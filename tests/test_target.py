@@ -7,12 +7,16 @@ import pymc as pm
 import pytensor.tensor as pt
 import pytest
 
+from pytensor.graph.fg import FunctionGraph
+from pytensor.graph.rewriting.basic import in2out
 from pytensor.graph.traversal import ancestors
+from pytensor.scalar import Switch
 from pytensor.tensor.blockwise import Blockwise
 
 import pymc_gpf.target as target_module
 
 from pymc_gpf import BatchedTarget
+from pymc_gpf.rewrites import lift_switch_through_unary
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +28,7 @@ def simplex_model():
         pm.Deterministic("spread", scale * p, dims="k")
         pm.Multinomial("counts", 30, p, observed=[5, 10, 15])
         pm.Normal("y", loc.sum(), scale, observed=[0.3, -0.2])
+        pm.Bernoulli("flip", logit_p=loc * scale, observed=[0, 1])  # the lifted switch
     return model
 
 
@@ -67,6 +72,16 @@ def test_simplex_transform_is_truly_batched(simplex_model):
         logp, grad, _ = target.logp_and_grads(pt.matrix("particles"))
     ops = {type(v.owner.op) for v in ancestors([logp, grad]) if v.owner is not None}
     assert Blockwise not in ops
+
+
+def test_switch_of_one_unary_op_is_lifted():
+    """switch(c, f(a), f(b)) -> f(switch(c, a, b)): one transcendental per element."""
+    c, a, b = pt.vector("c", dtype="bool"), pt.vector("a"), pt.vector("b")
+    fgraph = FunctionGraph([c, a, b], [pt.switch(c, pt.softplus(-a), pt.softplus(b))])
+    in2out(lift_switch_through_unary).rewrite(fgraph)
+    [out] = fgraph.outputs
+    assert out.owner.op == pt.softplus(a).owner.op
+    assert isinstance(out.owner.inputs[0].owner.op.scalar_op, Switch)
 
 
 def test_fallback_when_the_graph_cannot_be_vectorised(simplex_model, batched, monkeypatch):
