@@ -1,13 +1,14 @@
 """pymc-gpf: particle and Gaussian-flow variational inference for PyMC models.
 
-``import pymc_gpf`` makes ``pm.fit(method="gpf")`` available (``pymc_gpf.unregister()``
-undoes it).
+``import pymc_gpf`` makes ``pm.fit(method="gpf")`` and ``method="gf"`` available
+(``pymc_gpf.unregister()`` undoes it).
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
 from pymc_gpf import optimizers
 from pymc_gpf.errors import DivergenceError, InitialPointError, ModelNotSupportedError
+from pymc_gpf.gf import GF, GFApproximation
 from pymc_gpf.gpf import GPF, GPFApproximation
 from pymc_gpf.registry import register, register_method, unregister
 from pymc_gpf.target import BatchedTarget
@@ -18,9 +19,11 @@ except PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "GF",
     "GPF",
     "BatchedTarget",
     "DivergenceError",
+    "GFApproximation",
     "GPFApproximation",
     "InitialPointError",
     "ModelNotSupportedError",
@@ -32,4 +35,5 @@ __all__ = [
 ]
 
 register_method("gpf", GPF)
+register_method("gf", GF)
 register()

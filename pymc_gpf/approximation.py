@@ -44,6 +44,11 @@ class FlowApproximation:
         return self.inference.hist
 
     @property
+    def free_energy(self) -> float:
+        """The last recorded free energy (``nan`` before any step)."""
+        return float(self.hist[-1]) if len(self.hist) else float("nan")
+
+    @property
     def params(self) -> list:
         """The shared variables holding the fitted state."""
         raise NotImplementedError

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 
@@ -26,6 +27,7 @@ from pymc.variational.inference import Inference, State
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
 from pytensor.graph.traversal import ancestors
+from pytensor.tensor.random.type import RandomGeneratorType
 from rich.console import Console
 from rich.progress import Progress, TextColumn
 
@@ -37,13 +39,21 @@ __all__ = ["CompiledStep", "FitOptions", "FlowInference", "StepGraph", "transfor
 
 logger = logging.getLogger("pymc_gpf")
 
+INITS = ("initial_point", "map")
 
-def _positive(name: str, value: Any) -> float:
+
+def positive(name: str, value: Any) -> float:
+    """``value`` as a float, or a clear error if it is not a positive finite number."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value):
         raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value!r}.")
     return float(value)
+
+
+def is_integer(value: Any, minimum: int) -> bool:
+    """``value`` is an integer (not a bool) and at least ``minimum``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
 
 
 def seed_sequence(random_seed: Any) -> np.random.SeedSequence:
@@ -90,13 +100,16 @@ class FitOptions:
 class StepGraph:
     """One iteration of a method, symbolically.
 
-    ``free_energy`` is evaluated at the state *before* the update; ``logp``/``grad`` are the
-    log-density and its gradient at the points used (to name variables when they are not
-    finite); ``positions`` are the new points, last axis ``D``; ``hyper_grads`` are the
-    gradients of the free energy with respect to ``more_obj_params``.
+    ``free_energy`` is evaluated at the state *before* the update; ``points`` ``(K, D)`` are
+    where the step evaluates the log-density, ``logp``/``grad`` its values and gradients
+    there (to name variables when they are not finite); ``positions`` are the points the
+    step moves to, last axis ``D``; ``hyper_grads`` are the gradients of the free energy
+    with respect to ``more_obj_params``. Random draws in the step use
+    :meth:`FlowInference.standard_normal`; their generator advances outside the guard.
     """
 
     free_energy: Variable
+    points: Variable
     logp: Variable
     grad: Variable
     positions: Variable
@@ -125,6 +138,7 @@ class CompiledStep:
         grad_axes = tuple(range(g.grad.ndim - 1))
         new_points = g.positions.reshape((-1, g.positions.shape[-1]))
         outputs = {
+            "points": g.points,
             "logp": g.logp,
             "bad_grad": pt.any(~pt.isfinite(g.grad), axis=grad_axes),
             "bad_new": pt.any(~pt.isfinite(new_points), axis=0),
@@ -133,7 +147,14 @@ class CompiledStep:
             "new_logp": target.logp_and_grads(new_points)[0],
         }
         kwargs = compile_kwargs_for(self.options.backend, self.options.compile_kwargs)
-        values = compile_pymc([], list(outputs.values()), **kwargs)()
+        # diagnosing must not advance the step's random stream (reproducibility)
+        rngs = [v for v in ancestors(outputs.values()) if isinstance(v.type, RandomGeneratorType)]
+        saved = [rng.get_value(borrow=False) for rng in rngs]
+        try:
+            values = compile_pymc([], list(outputs.values()), random_seed=False, **kwargs)()
+        finally:
+            for rng, value in zip(rngs, saved, strict=True):
+                rng.set_value(value, borrow=True)
         return {k: np.asarray(v) for k, v in zip(outputs, values, strict=True)}
 
 
@@ -163,6 +184,8 @@ class FlowInference(Inference):
 
     name: ClassVar[str] = ""
     default_learning_rate: ClassVar[float] = 1e-3
+    spread_option: ClassVar[str] = "jitter"  # the option setting the initial spread
+    start_points: ClassVar[str] = "particles"  # what the first step evaluates
 
     def __init__(self, *, model=None, random_seed=None, start=None):
         self.target = BatchedTarget(model)
@@ -186,19 +209,42 @@ class FlowInference(Inference):
     def _build_step(self, options: FitOptions) -> StepGraph:
         raise NotImplementedError
 
-    def _diagnostic_points(self) -> np.ndarray:
-        """Points ``(K, D)`` at which the last step evaluated the log-density."""
-        raise NotImplementedError
-
     # ------------------------------------------------------------------- seeds, start
     def _seed(self, random_seed) -> None:
         self.random_seed = random_seed
-        init_seq, step_seq = seed_sequence(random_seed).spawn(2)
+        init_seq, _, noise_seq = seed_sequence(random_seed).spawn(3)
         self._init_rng = np.random.default_rng(init_seq)
-        self._step_seed = int(step_seq.generate_state(1)[0])
+        noise = np.random.default_rng(noise_seq)
+        if hasattr(self, "noise_rng"):
+            self.noise_rng.set_value(noise, borrow=True)
+        else:
+            self.noise_rng = pytensor.shared(noise, name=f"{self.name}_noise_rng")
+
+    def standard_normal(self, shape: tuple[int, ...]) -> Variable:
+        """Fresh ``N(0, 1)`` draws in every step, from the fit's own seeded stream (which
+        continues across ``fit``/``refine`` calls)."""
+        # PyMC's compile collects the generator's update from the graph
+        _, draws = pt.random.normal(0.0, 1.0, size=shape, rng=self.noise_rng, return_next_rng=True)
+        return draws
 
     def _start_vector(self) -> np.ndarray:
         return self.target.start_vector(self._start, random_seed=self._init_rng.integers(2**30))
+
+    def _initial_centre(self, init: str) -> np.ndarray:
+        """Where the fit starts: the model's initial point (updated by ``start``) or, with
+        ``init="map"``, the MAP found from there."""
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}.")
+        centre = self._start_vector()
+        if init == "map":
+            point = pm.find_MAP(
+                initvals=self.target.point(centre),
+                model=self.model,
+                progressbar=False,
+                random_seed=int(self._init_rng.integers(2**30)),
+            )
+            centre = self.target.flatten(point)
+        return centre
 
     def configure(self, *, model=None, random_seed=None, start=None) -> None:
         """Apply ``pm.fit``'s ``model``/``random_seed``/``start`` to an existing instance
@@ -243,11 +289,11 @@ class FlowInference(Inference):
                     "learning_rate is one number or a pair (eta1 for the mean shift, eta2 for "
                     f"the linear part); got {learning_rate!r}."
                 )
-            rates = tuple(_positive("learning_rate", r) for r in learning_rate)
+            rates = tuple(positive("learning_rate", r) for r in learning_rate)
         else:
-            rates = (_positive("learning_rate", learning_rate),) * 2
+            rates = (positive("learning_rate", learning_rate),) * 2
         if clip_norm is not None:
-            clip_norm = _positive("clip_norm", clip_norm)
+            clip_norm = positive("clip_norm", clip_norm)
         params = tuple(more_obj_params or ())
         for p in params:
             if not isinstance(p, SharedVariable) or p.dtype not in ("float32", "float64"):
@@ -299,7 +345,7 @@ class FlowInference(Inference):
             [],
             [graph.free_energy, ok],
             updates=guarded,
-            random_seed=self._step_seed,
+            random_seed=False,  # noise_rng is seeded by us and continues across compiles
             **compile_kwargs_for(options.backend, options.compile_kwargs),
         )
         fn.trust_input = True
@@ -339,7 +385,7 @@ class FlowInference(Inference):
                 "it accepts learning_rate, optimizer, clip_norm, more_obj_params, "
                 "compile_kwargs, callbacks, progressbar, backend and include_transformed."
             )
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+        if not is_integer(n, 0):
             raise ValueError(f"n (the number of steps) must be a non-negative integer, got {n!r}.")
         options = self._options(
             learning_rate,
@@ -408,7 +454,7 @@ class FlowInference(Inference):
 
     def _failure(self, step_index: int, info: dict[str, np.ndarray]) -> Exception:
         bad_logp = ~np.isfinite(info["logp"])
-        terms = self._nonfinite_terms(self._diagnostic_points(), info["logp"])
+        terms = self._nonfinite_terms(info["points"], info["logp"])
         grads = self.target.variables_at(info["bad_grad"])
         if step_index == 0 and (bad_logp.any() or grads):
             parts = []
@@ -417,10 +463,10 @@ class FlowInference(Inference):
             if grads:
                 parts.append(f"the gradient is not finite for {grads}")
             return InitialPointError(
-                f"{self.name.upper()} cannot start: at the initial particles "
+                f"{self.name.upper()} cannot start: at the initial {self.start_points} "
                 f"{'; '.join(parts)}. Check `start` values are inside each variable's support, "
-                "reduce `jitter` (particles may land where the density is zero), or use "
-                "init='map'."
+                f"reduce `{self.spread_option}` (points may land where the density is zero), "
+                "or use init='map'."
             )
         terms += self._nonfinite_terms(info["new_points"], info["new_logp"])
         bad_grad, bad_new, max_grad = info["bad_grad"], info["bad_new"], info["max_grad"]
@@ -436,6 +482,6 @@ class FlowInference(Inference):
             f"history up to step {step_index}). Continue it with a smaller learning_rate (this "
             f"fit used {self.fit_options.learning_rate}), a clip_norm, or optimizer='adam', "
             "e.g. err.approx.inference.fit(n, learning_rate=...); starting closer (init='map', "
-            "smaller jitter) also helps.",
+            f"smaller {self.spread_option}) also helps.",
             self.approx,
         )

@@ -13,10 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pytensor.tensor as pt
+
+from pytensor.graph.basic import Variable
 
 from pymc_gpf.target import BatchedTarget
 
-__all__ = ["Structure", "parse_structure"]
+__all__ = ["Structure", "assemble_columns", "parse_structure", "take_columns"]
 
 
 @dataclass(frozen=True)
@@ -105,3 +108,24 @@ def _blocks(groups: list[list[str]], target: BatchedTarget) -> Structure:
     if len(blocks) == 1:
         return Structure("full", target.ndim, tuple(blocks), (tuple(groups[0]),))
     return Structure("blocks", target.ndim, tuple(blocks), tuple(tuple(g) for g in groups))
+
+
+# ------------------------------------------------- symbolic helpers for block-wise maths
+def _is_range(idx: np.ndarray) -> bool:
+    return len(idx) > 0 and bool(np.all(np.diff(idx) == 1))
+
+
+def take_columns(mat: Variable, idx: np.ndarray) -> Variable:
+    """Columns ``idx`` of ``mat`` (a view when they are contiguous)."""
+    if _is_range(idx):
+        return mat[..., int(idx[0]) : int(idx[-1]) + 1]
+    return mat[..., idx]
+
+
+def assemble_columns(parts: list[Variable], structure: Structure) -> Variable:
+    """Put per-block columns back in coordinate order."""
+    order = np.concatenate(structure.blocks)
+    out = parts[0] if len(parts) == 1 else pt.concatenate(parts, axis=-1)
+    if np.array_equal(order, np.arange(len(order))):
+        return out
+    return out[..., np.argsort(order)]

@@ -34,6 +34,24 @@ def moments(particles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return m, z.T @ z / len(particles)
 
 
+def nuts_posterior(model: pm.Model, seed: int = 1):
+    return pm.sample(
+        2000, tune=1000, chains=2, cores=1, random_seed=seed, progressbar=False, model=model
+    ).posterior
+
+
+def assert_matches_nuts(reference, approx, names, seed=1):
+    """Means within 0.1 posterior sd and sds within 15 % of NUTS, in constrained space."""
+    q = approx.sample(20_000, random_seed=seed).posterior
+    for name in names:
+        ref_mean = reference[name].mean(("chain", "draw")).values
+        ref_sd = reference[name].std(("chain", "draw")).values
+        mean = q[name].mean(("chain", "draw")).values
+        sd = q[name].std(("chain", "draw")).values
+        np.testing.assert_array_less(np.abs(mean - ref_mean) / ref_sd, 0.1, err_msg=name)
+        np.testing.assert_array_less(np.abs(sd / ref_sd - 1), 0.15, err_msg=name)
+
+
 @pytest.fixture(scope="session")
 def regression_data():
     rng = np.random.default_rng(42)
@@ -54,3 +72,8 @@ def regression_model(regression_data):
         pm.Deterministic("sigma2", sigma**2)
         pm.Normal("y", intercept + slope * xd, sigma, observed=y, dims="obs")
     return model
+
+
+@pytest.fixture(scope="session")
+def regression_nuts(regression_model):
+    return nuts_posterior(regression_model)

@@ -6,23 +6,10 @@ import pytensor
 import pytensor.tensor as pt
 import pytest
 
-
-def _compare_with_nuts(model, approx, names, seed=1):
-    """Means within 0.1 posterior sd and sds within 15 % of NUTS, in constrained space."""
-    nuts = pm.sample(
-        2000, tune=1000, chains=2, cores=1, random_seed=seed, progressbar=False, model=model
-    ).posterior
-    q = approx.sample(20_000, random_seed=seed).posterior
-    for name in names:
-        ref_mean = nuts[name].mean(("chain", "draw")).values
-        ref_sd = nuts[name].std(("chain", "draw")).values
-        mean = q[name].mean(("chain", "draw")).values
-        sd = q[name].std(("chain", "draw")).values
-        np.testing.assert_array_less(np.abs(mean - ref_mean) / ref_sd, 0.1, err_msg=name)
-        np.testing.assert_array_less(np.abs(sd / ref_sd - 1), 0.15, err_msg=name)
+from conftest import assert_matches_nuts, nuts_posterior
 
 
-def test_constrained_regression_matches_nuts(regression_model):
+def test_constrained_regression_matches_nuts(regression_model, regression_nuts):
     approx = pm.fit(
         10_000,
         method="gpf",
@@ -31,7 +18,7 @@ def test_constrained_regression_matches_nuts(regression_model):
         inf_kwargs={"natural_mean": True},
         progressbar=False,
     )
-    _compare_with_nuts(regression_model, approx, ["intercept", "slope", "sigma"])
+    assert_matches_nuts(regression_nuts, approx, ["intercept", "slope", "sigma"])
 
 
 def test_hierarchical_model_matches_nuts():
@@ -55,7 +42,7 @@ def test_hierarchical_model_matches_nuts():
         inf_kwargs={"n_particles": 200, "natural_mean": True},
         progressbar=False,
     )
-    _compare_with_nuts(model, approx, ["mu", "tau", "sigma", "a"])
+    assert_matches_nuts(nuts_posterior(model), approx, ["mu", "tau", "sigma", "a"])
 
 
 def _regression(x, y, minibatch=None):

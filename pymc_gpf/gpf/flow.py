@@ -16,7 +16,8 @@ import pytensor.tensor as pt
 
 from pytensor.graph.basic import Variable
 
-from pymc_gpf.structure import Structure
+from pymc_gpf.gaussian import LOG_2PI_E, logdet_spd
+from pymc_gpf.structure import Structure, assemble_columns, take_columns
 
 __all__ = [
     "centre",
@@ -28,34 +29,12 @@ __all__ = [
     "sample_gaussian",
 ]
 
-LOG_2PI_E = float(np.log(2 * np.pi) + 1.0)
-
 
 def _n_rows(x: Variable) -> int:
     n = x.type.shape[0]
     if n is None:
         raise ValueError("the number of particles must be static (use pt.specify_shape)")
     return int(n)
-
-
-def _is_range(idx: np.ndarray) -> bool:
-    return len(idx) > 0 and bool(np.all(np.diff(idx) == 1))
-
-
-def _take(mat: Variable, idx: np.ndarray) -> Variable:
-    """Columns ``idx`` of ``mat`` (a view when they are contiguous)."""
-    if _is_range(idx):
-        return mat[..., int(idx[0]) : int(idx[-1]) + 1]
-    return mat[..., idx]
-
-
-def _assemble(parts: list[Variable], structure: Structure) -> Variable:
-    """Put per-block columns back in coordinate order."""
-    order = np.concatenate(structure.blocks)
-    out = parts[0] if len(parts) == 1 else pt.concatenate(parts, axis=-1)
-    if np.array_equal(order, np.arange(len(order))):
-        return out
-    return out[..., np.argsort(order)]
 
 
 def centre(particles: Variable) -> tuple[Variable, Variable]:
@@ -76,8 +55,11 @@ def linear_flow(deviations: Variable, grads: Variable, structure: Structure) -> 
     n = _n_rows(deviations)
     if structure.diagonal:
         return deviations * (pt.mean(grads * deviations, axis=0) - 1.0)
-    parts = [_block_linear(_take(deviations, b), _take(grads, b), n) for b in structure.blocks]
-    return _assemble(parts, structure)
+    parts = [
+        _block_linear(take_columns(deviations, b), take_columns(grads, b), n)
+        for b in structure.blocks
+    ]
+    return assemble_columns(parts, structure)
 
 
 def mean_shift(
@@ -93,13 +75,9 @@ def mean_shift(
         return pt.mean(pt.square(deviations), axis=0) * g_bar
     parts = []
     for b in structure.blocks:
-        z = _take(deviations, b)
-        parts.append(pt.dot(z.T, pt.dot(z, _take(g_bar, b))) / n)
-    return _assemble(parts, structure)
-
-
-def _logdet_spd(a: Variable) -> Variable:
-    return 2.0 * pt.sum(pt.log(pt.diagonal(pt.linalg.cholesky(a, on_error="nan"))))
+        z = take_columns(deviations, b)
+        parts.append(pt.dot(z.T, pt.dot(z, take_columns(g_bar, b))) / n)
+    return assemble_columns(parts, structure)
 
 
 def log_pseudo_det(deviations: Variable, structure: Structure) -> Variable:
@@ -116,13 +94,13 @@ def log_pseudo_det(deviations: Variable, structure: Structure) -> Variable:
         return pt.sum(pt.log(pt.mean(pt.square(deviations), axis=0)))
     total = 0.0
     for b in structure.blocks:
-        z = _take(deviations, b)
+        z = take_columns(deviations, b)
         if n <= len(b) + 1:
             gram = pt.dot(z, z.T) / n
             scale = pt.mean(pt.diagonal(gram))
-            total = total + _logdet_spd(gram + scale / n) - pt.log(scale)
+            total = total + logdet_spd(gram + scale / n) - pt.log(scale)
         else:
-            total = total + _logdet_spd(pt.dot(z.T, z) / n)
+            total = total + logdet_spd(pt.dot(z.T, z) / n)
     return total
 
 

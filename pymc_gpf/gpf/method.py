@@ -15,14 +15,11 @@ import pytensor.tensor as pt
 import xarray as xr
 
 from pymc_gpf.approximation import FlowApproximation
-from pymc_gpf.engine import FitOptions, FlowInference, StepGraph, transform_direction
+from pymc_gpf.engine import FitOptions, FlowInference, StepGraph, is_integer, transform_direction
 from pymc_gpf.gpf import flow
 from pymc_gpf.structure import Structure, parse_structure
 
 __all__ = ["GPF", "GPFApproximation"]
-
-INITS = ("initial_point", "map")
-
 
 MAX_DEFAULT_PARTICLES = 1000
 
@@ -70,11 +67,6 @@ class GPFApproximation(FlowApproximation):
     def particles(self) -> np.ndarray:
         """The particles ``(N, D)`` in flat unconstrained space (a copy)."""
         return self.shared_particles.get_value()
-
-    @property
-    def free_energy(self) -> float:
-        """The last recorded free energy (``nan`` before any step)."""
-        return float(self.hist[-1]) if len(self.hist) else float("nan")
 
     @cached_property
     def mean(self) -> pt.TensorVariable:
@@ -169,7 +161,7 @@ class GPF(FlowInference):
         if self.n_particles is None:
             self.n_particles = default_n_particles(d)
         n = self.n_particles
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 2:
+        if not is_integer(n, 2):
             raise ValueError(
                 f"n_particles must be an integer >= 2 (particles define a covariance through "
                 f"their spread), got {n!r}. N = D + 1 = {d + 1} gives a full-rank fit."
@@ -182,23 +174,10 @@ class GPF(FlowInference):
             )
         if not np.isfinite(jitter):
             raise ValueError(f"jitter must be finite, got {jitter!r}.")
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {self.init!r}.")
-        centre = self._start_vector()
-        if self.init == "map":
-            centre = self._map(centre)
+        centre = self._initial_centre(self.init)
         noise = self._init_rng.standard_normal((int(n), d))
         particles = (centre + float(jitter) * noise).astype(self.target.dtype)
         return GPFApproximation(self, particles)
-
-    def _map(self, centre: np.ndarray) -> np.ndarray:
-        point = pm.find_MAP(
-            initvals=self.target.point(centre),
-            model=self.model,
-            progressbar=False,
-            random_seed=int(self._init_rng.integers(2**30)),
-        )
-        return self.target.flatten(point)
 
     def _check_particles(self, particles) -> np.ndarray:
         particles = np.array(particles, dtype=self.target.dtype)
@@ -217,9 +196,6 @@ class GPF(FlowInference):
                 "; particles that coincide in a coordinate never separate. Add jitter."
             )
         return particles
-
-    def _diagnostic_points(self) -> np.ndarray:
-        return self.approx.particles
 
     def settings(self) -> dict:
         out = {
@@ -253,6 +229,7 @@ class GPF(FlowInference):
         new = (particles - eta1 * shift - eta2 * linear).astype(shared.dtype)
         return StepGraph(
             free_energy=flow.free_energy(logp, deviations, self.structure),
+            points=particles,
             logp=logp,
             grad=grad_logp,
             positions=new,

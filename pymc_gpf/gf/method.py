@@ -1,0 +1,302 @@
+"""GF as a PyMC inference: ``pm.fit(method="gf")`` or ``pm.fit(method=GF(...))``."""
+
+from __future__ import annotations
+
+import warnings
+
+from collections.abc import Sequence
+from functools import cached_property
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+import xarray as xr
+
+from pymc_gpf.approximation import FlowApproximation
+from pymc_gpf.datatree import settings_attrs
+from pymc_gpf.engine import (
+    FitOptions,
+    FlowInference,
+    StepGraph,
+    is_integer,
+    positive,
+    transform_direction,
+)
+from pymc_gpf.gaussian import factor_logpdf
+from pymc_gpf.gf import flow
+from pymc_gpf.structure import Structure, parse_structure
+
+__all__ = ["GF", "GFApproximation"]
+
+MAX_DEFAULT_RANK = 1000
+
+
+def default_rank(ndim: int) -> int:
+    """Full rank ``D``, capped at :data:`MAX_DEFAULT_RANK` with a warning (memory ``D K``)."""
+    if ndim <= MAX_DEFAULT_RANK:
+        return ndim
+    warnings.warn(
+        f"The model has D = {ndim} unconstrained dimensions; the default GF factor has rank "
+        f"{MAX_DEFAULT_RANK} < D (a full-rank factor needs D^2 memory). Pass "
+        "inf_kwargs={'rank': K} to choose, or structure='diagonal' for mean field.",
+        UserWarning,
+        stacklevel=3,
+    )
+    return MAX_DEFAULT_RANK
+
+
+class GFApproximation(FlowApproximation):
+    """The fitted GF: ``q = N(mu, Gamma Gamma^T)`` with ``Gamma`` block-diagonal as the
+    structure says (a vector of scales for mean field).
+
+    ``mean``, ``std`` and ``cov`` are PyTensor expressions of the parameters in flat
+    unconstrained space (``approx.mean.eval()``), like PyMC's approximations; ``factors``
+    are NumPy copies, one ``(D_b, K_b)`` matrix per block. ``logq`` is the density of q.
+    """
+
+    def __init__(self, inference: GF, mean: np.ndarray, factors: list[np.ndarray]):
+        super().__init__(inference)
+        self.shared_mean = pytensor.shared(mean, name="gf_mean", shape=mean.shape)
+        self.shared_factors = [
+            pytensor.shared(f, name=f"gf_factor{i}", shape=f.shape) for i, f in enumerate(factors)
+        ]
+
+    @property
+    def structure(self) -> Structure:
+        return self.inference.structure
+
+    @property
+    def params(self) -> list:
+        return [self.shared_mean, *self.shared_factors]
+
+    @property
+    def factors(self) -> list[np.ndarray]:
+        """``Gamma_b`` per block ``(D_b, K_b)`` (mean field: one vector of scales ``(D,)``)."""
+        return [f.get_value() for f in self.shared_factors]
+
+    @property
+    def factor(self) -> np.ndarray:
+        """The whole factor ``Gamma`` ``(D, sum_b K_b)``, zero outside the blocks, so that
+        ``cov = factor @ factor.T``."""
+        if self.structure.diagonal:
+            return np.diag(self.factors[0])
+        ranks = [f.shape[1] for f in self.factors]
+        out = np.zeros((self.target.ndim, sum(ranks)), dtype=self.target.dtype)
+        offsets = np.cumsum([0, *ranks])
+        for f, b, lo in zip(self.factors, self.structure.blocks, offsets, strict=False):
+            out[b, lo : lo + f.shape[1]] = f
+        return out
+
+    @cached_property
+    def mean(self) -> pt.TensorVariable:
+        return self.shared_mean
+
+    @cached_property
+    def std(self) -> pt.TensorVariable:
+        if self.structure.diagonal:
+            return pt.abs(self.shared_factors[0])
+        out = pt.zeros((self.target.ndim,), dtype=self.target.dtype)
+        for f, b in zip(self.shared_factors, self.structure.blocks, strict=True):
+            out = pt.set_subtensor(out[b], pt.sqrt(pt.sum(pt.square(f), axis=1)))
+        return out
+
+    @cached_property
+    def cov(self) -> pt.TensorVariable:
+        if self.structure.diagonal:
+            return pt.diag(pt.square(self.shared_factors[0]))
+        d = self.target.ndim
+        out = pt.zeros((d, d), dtype=self.target.dtype)
+        for f, b in zip(self.shared_factors, self.structure.blocks, strict=True):
+            out = pt.set_subtensor(out[np.ix_(b, b)], pt.dot(f, f.T))
+        return out
+
+    def _blocks(self) -> list[np.ndarray]:
+        if self.structure.diagonal:
+            return [np.arange(self.target.ndim)]
+        return list(self.structure.blocks)
+
+    def _draw(self, draws, rng):
+        mean = self.shared_mean.get_value()
+        out = np.empty((draws, len(mean)), dtype=mean.dtype)
+        for f, b in zip(self.factors, self._blocks(), strict=True):
+            if f.ndim == 1:
+                out[:, b] = mean[b] + rng.standard_normal((draws, len(b))) * f
+            else:
+                out[:, b] = mean[b] + rng.standard_normal((draws, f.shape[1])) @ f.T
+        return out
+
+    def logq(self, points: np.ndarray) -> np.ndarray:
+        """``log q(x)`` for flat unconstrained points ``(S, D)`` (e.g. draws for importance
+        ratios ``log p - log q``). With a low-rank block q is degenerate: the density on its
+        affine support, ``-inf`` off it."""
+        points = np.atleast_2d(np.asarray(points, dtype=self.target.dtype))
+        if points.shape[-1] != self.target.ndim:
+            raise ValueError(
+                f"points must have {self.target.ndim} columns (flat unconstrained coordinates "
+                f"{self.target.labels}), got shape {points.shape}."
+            )
+        deviations = points - self.shared_mean.get_value()
+        total = np.zeros(len(points))
+        for f, b in zip(self.factors, self._blocks(), strict=True):
+            total += factor_logpdf(deviations[:, b], np.diag(f) if f.ndim == 1 else f)
+        return total
+
+    def _method_group(self) -> xr.Dataset:
+        labels = np.asarray(self.target.labels)
+        std = np.empty(self.target.ndim, dtype=self.target.dtype)
+        for f, b in zip(self.factors, self._blocks(), strict=True):
+            std[b] = np.abs(f) if f.ndim == 1 else np.sqrt(np.sum(f**2, axis=1))
+        data = {"mean": ("coordinate", self.shared_mean.get_value()), "std": ("coordinate", std)}
+        coords = {"coordinate": labels}
+        if not self.structure.diagonal:
+            factors = self.factors
+            if len(factors) == 1:
+                data["factor"] = (("coordinate", "rank"), factors[0])
+            for i, (f, b) in enumerate(zip(factors, self.structure.blocks, strict=True)):
+                if len(factors) > 1:
+                    data[f"factor_block{i}"] = ((f"block{i}_coordinate", f"block{i}_rank"), f)
+                    coords[f"block{i}_coordinate"] = labels[b]
+        return xr.Dataset(data, coords=coords, attrs=settings_attrs(self.inference.settings()))
+
+
+class GF(FlowInference):
+    r"""Gaussian Flow (Galy-Fajou, Perrone & Opper, Entropy 2021, §3.2, eq. 11).
+
+    Gaussian VI with explicit parameters ``q = N(mu, Gamma Gamma^T)``: each step draws ``S``
+    points of q and moves
+
+    .. math:: \mu \leftarrow \mu - \eta_1 \bar g, \qquad
+              \Gamma \leftarrow \Gamma - \eta_2 \Big[\tfrac1S \textstyle\sum_s
+              g_s (x_s - \mu)^\top \Gamma - \Gamma\Big], \quad g = -\nabla\log p,
+
+    without inverses or Hessians, ``O(S D K)`` per step plus ``S`` gradients. Its fixed
+    points are the Gaussian VI optimum (full rank), the top-``K`` subspace (``rank=K``) or
+    the mean-field optimum (``structure="diagonal"``).
+
+    Parameters
+    ----------
+    rank
+        Columns ``K`` of each block's factor, ``1 <= K <= D``; default full rank (at most
+        1000). ``K < D`` fits a low-rank Gaussian (its free energy is then regularised, as
+        GPF's with ``N <= D``).
+    n_samples
+        Draws ``S >= 1`` of q per step (Monte Carlo for the update and the free energy).
+    structure
+        ``"full"``, ``"diagonal"`` (mean field), ``"variables"`` (one block per free
+        variable) or a list of lists of variable names (block-diagonal, §3.5).
+    natural_mean
+        Precondition the mean step by ``Gamma Gamma^T``.
+    init
+        ``"initial_point"`` (the model's initial point, updated by ``start``) or ``"map"``.
+    init_scale
+        The initial factor is ``init_scale`` times the first ``K`` columns of the identity.
+    model, random_seed, start
+        As in ``pm.fit``.
+    """
+
+    name = "gf"
+    default_learning_rate = 1e-3
+    spread_option = "init_scale"
+    start_points = "draws of q"
+
+    def __init__(
+        self,
+        rank: int | None = None,
+        *,
+        n_samples: int = 10,
+        structure: str | Sequence[Sequence[str]] = "full",
+        natural_mean: bool = False,
+        init: str = "initial_point",
+        init_scale: float = 0.1,
+        model: pm.Model | None = None,
+        random_seed=None,
+        start: dict | None = None,
+    ):
+        self.rank = rank
+        self.n_samples = n_samples
+        self.natural_mean = bool(natural_mean)
+        self.init = init
+        self.init_scale = init_scale
+        self._structure_option = structure
+        super().__init__(model=model, random_seed=random_seed, start=start)
+
+    def _initialise(self) -> GFApproximation:
+        d = self.target.ndim
+        self.structure = parse_structure(self._structure_option, self.target)
+        if not is_integer(self.n_samples, 1):
+            raise ValueError(
+                f"n_samples must be an integer >= 1 (draws of q per step), got {self.n_samples!r}."
+            )
+        if self.structure.diagonal and self.rank is not None:
+            raise ValueError(
+                "rank applies to 'full' and block structures; structure='diagonal' has one "
+                "scale per coordinate. Drop rank= or choose another structure."
+            )
+        if self.rank is None and not self.structure.diagonal:
+            self.rank = default_rank(d)
+        if not self.structure.diagonal and not (is_integer(self.rank, 1) and self.rank <= d):
+            raise ValueError(
+                f"rank must be an integer between 1 and D = {d} (the number of unconstrained "
+                f"coordinates), got {self.rank!r}."
+            )
+        scale = positive("init_scale", self.init_scale)
+        mean = self._initial_centre(self.init).astype(self.target.dtype)
+        if self.structure.diagonal:
+            factors = [np.full(d, scale, dtype=self.target.dtype)]
+        else:
+            factors = [
+                scale * np.eye(len(b), min(self.rank, len(b)), dtype=self.target.dtype)
+                for b in self.structure.blocks
+            ]
+        return GFApproximation(self, mean, factors)
+
+    def settings(self) -> dict:
+        out = {
+            "rank": self.rank,
+            "ranks": [f.shape[-1] for f in self.approx.factors],
+            "n_samples": self.n_samples,
+            "structure": self.structure.describe(),
+            "natural_mean": self.natural_mean,
+            "init": self.init,
+            "init_scale": self.init_scale,
+            "random_seed": self.random_seed,
+            "n_steps": len(self.hist),
+        }
+        if self.fit_options is not None:
+            out.update(self.fit_options.settings())
+        return out
+
+    def _build_step(self, options: FitOptions) -> StepGraph:
+        approx = self.approx
+        mean, factors = approx.shared_mean, approx.shared_factors
+        s = self.n_samples
+        noise = [self.standard_normal((s, f.type.shape[-1])) for f in factors]
+        deviations = flow.deviations(factors, noise, self.structure)
+        points = mean + deviations
+        logp, grad_logp, hyper = self.target.logp_and_grads(points, options.more_obj_params)
+        grads = -grad_logp
+        eta1, eta2 = options.learning_rate
+        shift = flow.mean_direction(grads, factors, self.structure, self.natural_mean)
+        shift, updates = transform_direction(options.chain(), shift, mean.type.shape, "gf_mean")
+        new_mean = (mean - eta1 * shift).astype(mean.dtype)
+        updates[mean] = new_mean
+        new_factors = []
+        directions = flow.factor_directions(grads, deviations, factors, self.structure)
+        for f, direction in zip(factors, directions, strict=True):
+            # a dimension-wise optimiser shares its scale across the K columns: an affine
+            # preconditioner of Gamma's rows, as GPF shares it across particles
+            chain = options.chain(particle_axes=(1,) if f.ndim == 2 else ())
+            direction, opt_updates = transform_direction(chain, direction, f.type.shape, f.name)
+            updates.update(opt_updates)
+            updates[f] = (f - eta2 * direction).astype(f.dtype)
+            new_factors.append(updates[f])
+        return StepGraph(
+            free_energy=flow.free_energy(logp, factors, self.structure),
+            points=points,
+            logp=logp,
+            grad=grad_logp,
+            positions=new_mean + flow.deviations(new_factors, noise, self.structure),
+            updates=updates,
+            hyper_grads=[-h / s for h in hyper],
+        )

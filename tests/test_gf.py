@@ -1,0 +1,228 @@
+"""Gaussian Flow (GF): fixed points on Gaussian targets (full rank, low rank, mean field),
+the free energy, q's density, NUTS agreement, the DataTree and GF's own bad input.
+
+GF is stochastic (S fresh draws per step), so its iterates fluctuate around the fixed point.
+The tolerances come from that noise. For a Gaussian target with the natural mean step the
+mean error is an AR(1) process, ``delta <- (1 - eta) delta - eta Gamma z_bar``, whose
+stationary law gives ``E[delta^T Lambda delta] = eta D / ((2 - eta) S)``. Linearising the
+factor update around ``Gamma Gamma^T = Sigma`` for a whitened target gives
+``E||C - I||_F^2 = eta D (D + 1) / S`` (only the symmetric part of ``Gamma - I`` contracts,
+at rate 2, driven by ``(1/S) sum z z^T - I``); the relative noise of one eigenvalue is
+``sqrt(2 eta / S)``.
+"""
+
+import numpy as np
+import pymc as pm
+import pytest
+
+from conftest import assert_matches_nuts, condition_spectrum, gaussian_target, mvnormal_model
+from scipy.stats import multivariate_normal
+
+import pymc_gpf
+
+D = 10
+S = 200
+ETA = 0.01
+
+
+def _fit(model, n, seed=1, learning_rate=ETA, **inf_kwargs):
+    return pm.fit(
+        n,
+        method="gf",
+        model=model,
+        random_seed=seed,
+        inf_kwargs=inf_kwargs,
+        learning_rate=learning_rate,
+        progressbar=False,
+    )
+
+
+def _whiten(cov):
+    w, v = np.linalg.eigh(np.linalg.inv(cov))
+    return v @ np.diag(np.sqrt(w)) @ v.T  # Lambda^(1/2)
+
+
+@pytest.fixture(scope="module")
+def target():
+    mu, cov = gaussian_target(D, condition_spectrum(D, 10), seed=0)
+    return mu, cov, mvnormal_model(mu, cov)
+
+
+@pytest.fixture(scope="module")
+def full_rank(target):
+    return _fit(target[2], 3000, n_samples=S, natural_mean=True)
+
+
+def test_full_rank_recovers_the_gaussian_within_its_noise(target, full_rank):
+    mu, cov, _ = target
+    half = _whiten(cov)
+    delta = full_rank.mean.eval() - mu
+    expected = ETA * D / ((2 - ETA) * S)  # E[delta^T Lambda delta] (module docstring)
+    # delta^T Lambda delta / expected is roughly chi2_D / D: 4x its mean has p < 1e-4
+    assert delta @ np.linalg.inv(cov) @ delta < 4 * expected
+    c = full_rank.cov.eval()
+    np.testing.assert_allclose(c, full_rank.factor @ full_rank.factor.T, rtol=1e-12)
+    whitened = np.linalg.norm(half @ c @ half - np.eye(D))
+    assert whitened < 3 * np.sqrt(ETA * D * (D + 1) / S)  # 0.22; a wrong fixed point is O(1)
+    assert np.linalg.norm(c - cov) < 0.1 * np.linalg.norm(cov)
+
+
+def test_free_energy_falls_to_minus_log_evidence(full_rank):
+    """F = E_q[phi] - H[q] = KL(q || p) - log Z, and log Z = 0 for the normalised MvNormal.
+    At the fixed point KL ~ 1/4 ||whitened C - I||^2 + 1/2 delta^T Lambda delta ~ 0.003, and
+    each step's estimate has Monte Carlo sd sqrt(D / 2S) (phi is chi2_D / 2 under q = p), on
+    fresh draws every step, so the mean of 1000 steps has se 0.005."""
+    hist = full_rank.hist
+    assert hist[:50].mean() > hist[-1000:].mean() + 5.0  # starts far: falls on average
+    assert np.all(np.isfinite(hist))
+    assert -0.02 < hist[-1000:].mean() < 0.03
+
+
+def test_logq_is_the_fitted_gaussian_density(full_rank):
+    draws = full_rank.inference.approx._draw(7, np.random.default_rng(0))
+    exact = multivariate_normal(full_rank.mean.eval(), full_rank.cov.eval()).logpdf(draws)
+    np.testing.assert_allclose(full_rank.logq(draws), exact, rtol=1e-10)
+    with pytest.raises(ValueError, match="10 columns"):
+        full_rank.logq(np.zeros((2, 3)))
+
+
+def test_samples_have_the_fitted_moments(full_rank):
+    draws = full_rank.sample(40_000, random_seed=2, include_transformed=True).posterior["x"]
+    flat = draws.values.reshape(-1, D)
+    std = full_rank.std.eval()
+    # sample mean error sd = std / sqrt(40000) = std / 200
+    np.testing.assert_array_less(np.abs(flat.mean(0) - full_rank.mean.eval()) / std, 4 / 200)
+    np.testing.assert_allclose(flat.std(0), std, rtol=0.02)
+
+
+def test_mean_field_fixed_point_is_one_over_the_precision_diagonal(target):
+    """The mean-field Gaussian VI optimum: mean mu, variances 1/Lambda_dd (notes F10), which
+    differ from Sigma_dd. Each variance has relative noise sqrt(2 eta / S) = 0.01."""
+    mu, cov, model = target
+    approx = _fit(model, 3000, n_samples=S, natural_mean=True, structure="diagonal")
+    precision_diag = np.diag(np.linalg.inv(cov))
+    var = approx.std.eval() ** 2
+    np.testing.assert_allclose(var * precision_diag, 1.0, atol=4 * np.sqrt(2 * ETA / S))
+    assert np.max(np.abs(np.diag(cov) * precision_diag - 1)) > 0.5  # 1/Lambda_dd != Sigma_dd
+    delta = approx.mean.eval() - mu
+    assert np.sqrt(delta @ np.linalg.inv(cov) @ delta) < 0.1
+    np.testing.assert_array_equal(approx.cov.eval(), np.diag(var))
+    draws = approx.inference.approx._draw(5, np.random.default_rng(0))
+    exact = multivariate_normal(approx.mean.eval(), np.diag(var)).logpdf(draws)
+    np.testing.assert_allclose(approx.logq(draws), exact, rtol=1e-10)
+
+
+def test_low_rank_finds_the_top_eigenvalues():
+    """Notes F11: D = 10, eigenvalues 10^linspace(-1, 1, 10), K = 3, Gamma_0 = the first K
+    columns of I: the eigenvalues of Gamma Gamma^T are the top 3 (relative noise per
+    eigenvalue sqrt(2 eta2 / S) = 0.0045 with S = 1000; the 3 % of F11 is ~7 sd)."""
+    eigenvalues = 10 ** np.linspace(-1, 1, D)
+    mu, cov = gaussian_target(D, eigenvalues, seed=3)
+    # mean step 0.1 < 2 / lambda_max(Lambda) = 0.2; factor step 0.01 < 2 / kappa
+    approx = _fit(
+        mvnormal_model(mu, cov),
+        3000,
+        learning_rate=(0.1, 0.01),
+        rank=3,
+        n_samples=1000,
+        init_scale=1.0,
+    )
+    factor = approx.factors[0]
+    assert factor.shape == (D, 3)
+    top = np.sort(np.linalg.eigvalsh(factor.T @ factor))[::-1]
+    np.testing.assert_allclose(top, eigenvalues[::-1][:3], rtol=0.03)
+    assert np.linalg.norm(approx.mean.eval() - mu) < 0.05
+    # q is degenerate: logq is the density on its 3-d support, -inf off it
+    draws = approx.inference.approx._draw(4, np.random.default_rng(1))
+    z = np.linalg.lstsq(factor, (draws - approx.mean.eval()).T, rcond=None)[0].T
+    gram = factor.T @ factor
+    exact = -0.5 * np.sum(z**2, 1) - 0.5 * np.linalg.slogdet(2 * np.pi * gram)[1]
+    np.testing.assert_allclose(approx.logq(draws), exact, rtol=1e-9)
+    off = draws + np.linalg.svd(factor)[0][:, -1]  # a direction orthogonal to the factor
+    assert np.all(approx.logq(off) == -np.inf)
+
+
+def test_low_rank_in_500_dimensions_recovers_the_top_subspace():
+    """D = 500 with 10 large eigenvalues in [1, 6] and 490 at 0.05; rank K = 10. The fixed
+    point spans the top-10 eigenvectors with their eigenvalues (relative noise per eigenvalue
+    sqrt(2 eta / S) = 0.02 with S = 50)."""
+    d, k = 500, 10
+    rng = np.random.default_rng(0)
+    top = 1 + np.abs(rng.normal(2, 1, k))
+    basis = np.linalg.qr(rng.normal(size=(d, d)))[0][:, :k]
+    floor = 0.05  # kappa ~ 110: plain descent on Gamma needs eta < 2 / kappa = 0.018
+    cov = basis @ np.diag(top - floor) @ basis.T + floor * np.eye(d)
+    approx = _fit(mvnormal_model(np.zeros(d), cov), 3000, rank=k, n_samples=50, init_scale=1.0)
+    factor = approx.factors[0]
+    cosines = np.linalg.svd(basis.T @ np.linalg.qr(factor)[0], compute_uv=False)
+    assert cosines.min() > 0.999  # principal angles to the top subspace below 2.6 degrees
+    found = np.sort(np.linalg.eigvalsh(factor.T @ factor))
+    np.testing.assert_allclose(found, np.sort(top), rtol=4 * np.sqrt(2 * ETA / 50))
+
+
+def test_constrained_regression_matches_nuts(regression_model, regression_nuts):
+    approx = _fit(regression_model, 10_000, seed=5, learning_rate=1e-3, natural_mean=True)
+    assert_matches_nuts(regression_nuts, approx, ["intercept", "slope", "sigma"])
+
+
+def test_blocks_by_variable(regression_model):
+    approx = _fit(regression_model, 200, learning_rate=1e-3, structure="variables")
+    assert [f.shape for f in approx.factors] == [(1, 1), (1, 1), (1, 1)]
+    cov = approx.cov.eval()
+    np.testing.assert_array_equal(cov, np.diag(np.diag(cov)))
+    draws = approx.inference.approx._draw(5, np.random.default_rng(0))
+    exact = multivariate_normal(approx.mean.eval(), cov).logpdf(draws)
+    np.testing.assert_allclose(approx.logq(draws), exact, rtol=1e-10)
+    group = approx.sample(10, random_seed=0)["gf"]
+    assert {"factor_block0", "factor_block2", "mean", "std"} <= set(group.data_vars)
+    assert group["block2_coordinate"].values.tolist() == ["sigma_log__"]
+
+
+def test_datatree_and_reproducibility(regression_model):
+    a = _fit(regression_model, 30, seed=4, learning_rate=1e-3)
+    b = _fit(regression_model, 30, seed=4, learning_rate=1e-3)
+    np.testing.assert_array_equal(a.hist, b.hist)
+    np.testing.assert_array_equal(a.factors[0], b.factors[0])
+    tree = a.sample(50, random_seed=1)
+    assert set(tree.children) == {"posterior", "fit", "gf", "observed_data", "constant_data"}
+    assert tree["fit"]["free_energy"].shape == (30,)
+    gf = tree["gf"]
+    assert gf["factor"].dims == ("coordinate", "rank") and gf["factor"].shape == (3, 3)
+    assert gf.attrs["n_samples"] == 10 and gf.attrs["rank"] == 3
+    assert tree["posterior"]["sigma"].shape == (1, 50)
+    np.testing.assert_array_equal(
+        tree["posterior"]["slope"], a.sample(50, random_seed=1)["posterior"]["slope"]
+    )
+    # refine continues the random stream: the same as one longer run
+    a.refine(20)
+    c = _fit(regression_model, 50, seed=4, learning_rate=1e-3)
+    np.testing.assert_array_equal(a.hist, c.hist)
+
+
+BAD = [
+    ({"rank": 0}, "rank must be an integer between 1 and D = 3"),
+    ({"rank": 4}, "rank must be an integer between 1 and D = 3"),
+    ({"rank": 2.0}, "rank must be an integer"),
+    ({"rank": 2, "structure": "diagonal"}, "rank applies to 'full' and block structures"),
+    ({"n_samples": 0}, r"n_samples must be an integer >= 1"),
+    ({"init_scale": 0.0}, "init_scale must be positive"),
+    ({"init_scale": float("nan")}, "init_scale must be a positive finite number"),
+    ({"init": "random"}, "init must be one of"),
+    ({"structure": "banded"}, "Unknown structure 'banded'"),
+]
+
+
+@pytest.mark.parametrize("kwargs,match", BAD)
+def test_bad_input(regression_model, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        pymc_gpf.GF(model=regression_model, **kwargs)
+
+
+def test_divergence_keeps_the_last_finite_state(target):
+    """Plain descent on the factor is stable for eta < 2 / kappa (kappa = 10 here): a step of
+    1.5 diverges; the error names the variable and the state stays finite."""
+    with pytest.raises(pymc_gpf.DivergenceError, match=r"GF diverged at step \d+") as err:
+        _fit(target[2], 1000, learning_rate=1.5)
+    approx = err.value.approx
+    assert np.isfinite(approx.hist).all() and 0 < len(approx.hist) < 1000
+    assert np.isfinite(approx.mean.eval()).all() and np.isfinite(approx.factors[0]).all()
