@@ -237,13 +237,18 @@ class FlowInference(Inference):
             raise ValueError(f"init must be one of {INITS}, got {init!r}.")
         centre = self._start_vector()
         if init == "map":
-            point = pm.find_MAP(
+            found = pm.find_MAP(
                 initvals=self.target.point(centre),
                 model=self.model,
                 progressbar=False,
+                jitter=False,  # start exactly where `start` / the initial point says
                 random_seed=int(self._init_rng.integers(2**30)),
+                return_inferencedata=True,
+                idata_kwargs={"include_transformed": True},
+            ).posterior
+            centre = self.target.flatten(
+                {c.value_name: found[c.value_name].values[0, 0] for c in self.target.coordinates}
             )
-            centre = self.target.flatten(point)
         return centre
 
     def configure(self, *, model=None, random_seed=None, start=None) -> None:

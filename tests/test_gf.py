@@ -13,6 +13,8 @@ at rate 2, driven by ``(1/S) sum z z^T - I``); the relative noise of one eigenva
 
 import numpy as np
 import pymc as pm
+import pytensor
+import pytensor.tensor as pt
 import pytest
 
 from conftest import assert_matches_nuts, condition_spectrum, gaussian_target, mvnormal_model
@@ -152,7 +154,9 @@ def test_low_rank_in_500_dimensions_recovers_the_top_subspace():
     basis = np.linalg.qr(rng.normal(size=(d, d)))[0][:, :k]
     floor = 0.05  # kappa ~ 110: plain descent on Gamma needs eta < 2 / kappa = 0.018
     cov = basis @ np.diag(top - floor) @ basis.T + floor * np.eye(d)
-    approx = _fit(mvnormal_model(np.zeros(d), cov), 3000, rank=k, n_samples=50, init_scale=1.0)
+    with pm.Model() as model:  # cov as data: a 500 x 500 constant stops numba caching
+        pm.MvNormal("x", mu=np.zeros(d), cov=pm.Data("cov", cov))
+    approx = _fit(model, 3000, rank=k, n_samples=50, init_scale=1.0)
     factor = approx.factors[0]
     cosines = np.linalg.svd(basis.T @ np.linalg.qr(factor)[0], compute_uv=False)
     assert cosines.min() > 0.999  # principal angles to the top subspace below 2.6 degrees
@@ -226,3 +230,55 @@ def test_divergence_keeps_the_last_finite_state(target):
     approx = err.value.approx
     assert np.isfinite(approx.hist).all() and 0 < len(approx.hist) < 1000
     assert np.isfinite(approx.mean.eval()).all() and np.isfinite(approx.factors[0]).all()
+
+
+def test_non_finite_start_and_discrete_variables():
+    with pm.Model() as wall:
+        x = pm.Normal("x", 0, 1, shape=2)
+        pm.Potential("wall", pt.switch(x[0] > 10.0, 0.0, -np.inf))
+    with pytest.raises(pymc_gpf.InitialPointError, match=r"draws of q.*\['wall'\].*init_scale"):
+        _fit(wall, 5)
+    with pm.Model() as discrete:
+        pm.Poisson("k", 3.0)
+    with pytest.raises(pymc_gpf.ModelNotSupportedError, match=r"\['k'\] are discrete"):
+        _fit(discrete, 5)
+
+
+def test_init_map_starts_both_gaussian_methods_at_the_map(regression_model):
+    found = pm.find_MAP(
+        model=regression_model, progressbar=False, jitter=False, return_inferencedata=True
+    )["optimizer_result"]
+    expected = found["x"].values  # flat unconstrained, PyMC's value-variable order
+    assert found["variables"].values.tolist() == ["intercept", "slope", "sigma_log__"]
+    gf = pymc_gpf.GF(model=regression_model, init="map", random_seed=1)
+    np.testing.assert_allclose(gf.approx.mean.eval(), expected, atol=1e-5)
+    gpf = pymc_gpf.GPF(model=regression_model, init="map", random_seed=1, jitter=1e-3)
+    np.testing.assert_allclose(gpf.approx.particles.mean(0), expected, atol=1e-3)
+
+
+def test_more_obj_params_is_type_ii_maximum_likelihood():
+    """As GPF's test (tests/test_models.py): w_j ~ N(0, sigma^2), y_j ~ N(w_j, 1), and
+    descending F in q and log(sigma) gives sigma^2 = mean(y^2) - 1. GF's hyperparameter
+    fluctuates with the Monte Carlo noise: its average over the last 2000 steps (correlation
+    time of a few steps) must be within half a per-step sd of the closed form."""
+    rng = np.random.default_rng(4)
+    y = rng.normal(0, np.sqrt(2.0**2 + 1), 20)
+    log_sigma = pytensor.shared(0.0, name="log_sigma")
+    with pm.Model() as model:
+        w = pm.Normal("w", 0, pt.exp(log_sigma), shape=20)
+        pm.Normal("y", w, 1.0, observed=y)
+    trace = []
+    pm.fit(
+        5000,
+        method="gf",
+        model=model,
+        random_seed=0,
+        inf_kwargs={"natural_mean": True, "n_samples": 50, "structure": "diagonal"},
+        learning_rate=0.01,
+        more_obj_params=[log_sigma],
+        callbacks=[lambda approx, hist, i: trace.append(log_sigma.get_value())],
+        progressbar=False,
+    )
+    sigma2 = np.exp(2 * np.array(trace[-2000:]))
+    assert 0 < sigma2.std() < 0.2
+    assert abs(sigma2.mean() - (np.mean(y**2) - 1)) < 0.5 * sigma2.std()

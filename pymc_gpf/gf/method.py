@@ -186,13 +186,18 @@ class GF(FlowInference):
         ``"full"``, ``"diagonal"`` (mean field), ``"variables"`` (one block per free
         variable) or a list of lists of variable names (block-diagonal, §3.5).
     natural_mean
-        Precondition the mean step by ``Gamma Gamma^T``.
+        Precondition the mean step by ``Gamma Gamma^T``. With ``K < D`` the mean then moves
+        only inside ``span(Gamma)``; for low rank prefer the plain mean step.
     init
         ``"initial_point"`` (the model's initial point, updated by ``start``) or ``"map"``.
     init_scale
         The initial factor is ``init_scale`` times the first ``K`` columns of the identity.
     model, random_seed, start
         As in ``pm.fit``.
+
+    Plain descent on ``Gamma`` is stable for ``eta2 < 2 / kappa`` (``kappa`` the condition
+    number of the posterior covariance); the iterates fluctuate around the fixed point with
+    a spread of order ``sqrt(eta / S)``.
     """
 
     name = "gf"
