@@ -1,6 +1,6 @@
 """pymc-gpf: particle and Gaussian-flow variational inference for PyMC models.
 
-``import pymc_gpf`` makes ``pm.fit(method="gpf")`` and ``method="gf"`` available
+``import pymc_gpf`` makes ``pm.fit(method="gpf")``, ``"gf"`` and ``"wvgd"`` available
 (``pymc_gpf.unregister()`` undoes it).
 """
 
@@ -12,6 +12,7 @@ from pymc_gpf.gf import GF, GFApproximation
 from pymc_gpf.gpf import GPF, GPFApproximation
 from pymc_gpf.registry import register, register_method, unregister
 from pymc_gpf.target import BatchedTarget
+from pymc_gpf.wvgd import WVGD, WVGDApproximation
 
 try:
     __version__ = version("pymc-gpf")
@@ -21,12 +22,14 @@ except PackageNotFoundError:  # running from a source tree
 __all__ = [
     "GF",
     "GPF",
+    "WVGD",
     "BatchedTarget",
     "DivergenceError",
     "GFApproximation",
     "GPFApproximation",
     "InitialPointError",
     "ModelNotSupportedError",
+    "WVGDApproximation",
     "__version__",
     "optimizers",
     "register",
@@ -36,4 +39,5 @@ __all__ = [
 
 register_method("gpf", GPF)
 register_method("gf", GF)
+register_method("wvgd", WVGD)
 register()

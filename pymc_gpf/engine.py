@@ -161,12 +161,22 @@ class CompiledStep:
 def transform_direction(
     transform: Transform, direction: Variable, shape: tuple[int, ...], name: str
 ) -> tuple[Variable, dict[SharedVariable, Variable]]:
-    """Run ``direction`` through ``transform`` with its state held in new shared variables."""
+    """Run ``direction`` through ``transform`` with its state held in new shared variables.
+
+    The state's static shape follows ``direction``'s: a dimension unknown there (e.g. the
+    number of particles, so one compiled graph serves any number) stays unknown, except
+    axes the optimiser reduces to length 1, which must be static to broadcast."""
     counter = iter(range(10**6))
-    state = map_state(
-        lambda value: pytensor.shared(value, name=f"{name}_opt{next(counter)}", shape=value.shape),
-        transform.init(tuple(shape)),
-    )
+    static = direction.type.shape
+
+    def shared(value):
+        known = [
+            n if i >= len(static) or static[i] is not None or (n == 1 and shape[i] != 1) else None
+            for i, n in enumerate(value.shape)
+        ]
+        return pytensor.shared(value, name=f"{name}_opt{next(counter)}", shape=tuple(known))
+
+    state = map_state(shared, transform.init(tuple(shape)))
     new_direction, new_state = transform.update(direction, state)
     updates = {
         s: new.astype(s.dtype)
@@ -184,6 +194,7 @@ class FlowInference(Inference):
 
     name: ClassVar[str] = ""
     default_learning_rate: ClassVar[float] = 1e-3
+    default_optimizer: ClassVar[str] = "sgd"
     spread_option: ClassVar[str] = "jitter"  # the option setting the initial spread
     start_points: ClassVar[str] = "particles"  # what the first step evaluates
 
@@ -314,7 +325,7 @@ class FlowInference(Inference):
         compile_kwargs_for(backend, compile_kwargs)  # validates backend vs compile_kwargs
         return FitOptions(
             learning_rate=rates,
-            optimizer=resolve(optimizer),
+            optimizer=resolve(self.default_optimizer if optimizer is None else optimizer),
             clip_norm=clip_norm,
             more_obj_params=params,
             backend=backend,
@@ -368,7 +379,7 @@ class FlowInference(Inference):
         backend: str | None = None,
         include_transformed: bool = False,
         learning_rate: float | tuple[float, float] | None = None,
-        optimizer: str | Optimizer = "sgd",
+        optimizer: str | Optimizer | None = None,
         clip_norm: float | None = None,
         more_obj_params: Sequence[SharedVariable] | None = None,
         compile_kwargs: dict | None = None,
@@ -378,9 +389,10 @@ class FlowInference(Inference):
 
         ``learning_rate`` is one step size or a pair ``(eta1, eta2)`` (shift, linear part);
         ``optimizer`` a name ("sgd", "momentum", "adam", "rmsprop", "adagrad") or a
-        :class:`pymc_gpf.optimizers.Optimizer`; ``clip_norm`` bounds the norm of each
-        update array separately; ``more_obj_params`` are ``pytensor.shared`` model
-        hyperparameters learnt jointly by descending the free energy. ``score`` is accepted
+        :class:`pymc_gpf.optimizers.Optimizer` (default: the method's own, "sgd" for GPF and
+        GF, "adam" for WVGD); ``clip_norm`` bounds the norm of each update array separately;
+        ``more_obj_params`` are ``pytensor.shared`` model hyperparameters learnt jointly by
+        descending the free energy. ``score`` is accepted
         for PyMC compatibility: the free energy is always recorded (it costs nothing extra).
         Calling ``fit`` again continues from the current state with a fresh optimiser.
         """

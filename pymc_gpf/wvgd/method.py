@@ -1,0 +1,324 @@
+"""WVGD as a PyMC inference: ``pm.fit(method="wvgd")`` or ``pm.fit(method=WVGD(...))``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+import xarray as xr
+
+from pytensor.gradient import disconnected_grad
+
+from pymc_gpf.approximation import FlowApproximation
+from pymc_gpf.engine import (
+    FitOptions,
+    FlowInference,
+    StepGraph,
+    is_integer,
+    positive,
+    transform_direction,
+)
+from pymc_gpf.wvgd import flow
+
+__all__ = ["WVGD", "WVGDApproximation"]
+
+EMPTY_LOG_MASS = -1e300  # "no estimate yet": finite, so the step guard accepts it
+
+
+def _shared(value: np.ndarray, name: str) -> pytensor.compile.SharedVariable:
+    # the number of particles stays a dynamic dimension: one compiled graph serves any J
+    return pytensor.shared(value, name=name, shape=(None, *value.shape[1:]))
+
+
+class WVGDApproximation(FlowApproximation):
+    """The fitted WVGD: ``J`` particles with their Voronoi cells, one truncated factorised
+    Gaussian ``q~_j`` per cell, and cell weights ``beta`` (the cells' posterior mass).
+
+    q is the mixture ``sum_j beta_j q~_j``; ``sample`` draws from it by choosing a cell by
+    ``beta`` and rejection-sampling its local Gaussian inside the cell.
+    """
+
+    def __init__(self, inference: WVGD, particles: np.ndarray, local_scale: float):
+        super().__init__(inference)
+        j, d = particles.shape
+        dtype = particles.dtype
+        self.shared_particles = _shared(particles, "wvgd_particles")
+        self.shared_means = _shared(particles.copy(), "wvgd_local_means")
+        self.shared_log_scales = _shared(
+            np.full((j, d), np.log(local_scale), dtype=dtype), "wvgd_local_log_scales"
+        )
+        # running importance-sampling estimates (exponentially weighted over steps)
+        self.shared_log_mass = _shared(np.full(j, EMPTY_LOG_MASS, dtype=dtype), "wvgd_log_mass")
+        self.shared_mass_count = _shared(np.zeros(j, dtype=dtype), "wvgd_mass_count")
+        self.shared_accepted_sum = _shared(np.zeros(j, dtype=dtype), "wvgd_accepted_sum")
+        self.shared_step_count = pytensor.shared(np.zeros((), dtype=dtype), "wvgd_step_count")
+        self.shared_elbos = _shared(np.zeros(j, dtype=dtype), "wvgd_cell_elbos")
+
+    @property
+    def params(self) -> list:
+        return [self.shared_particles, self.shared_means, self.shared_log_scales]
+
+    @property
+    def particles(self) -> np.ndarray:
+        """The particles ``(J, D)`` in flat unconstrained space (a copy)."""
+        return self.shared_particles.get_value()
+
+    @property
+    def local_means(self) -> np.ndarray:
+        return self.shared_means.get_value()
+
+    @property
+    def local_scales(self) -> np.ndarray:
+        return np.exp(self.shared_log_scales.get_value())
+
+    @property
+    def acceptance(self) -> np.ndarray:
+        """Running acceptance rate of each cell's rejection sampler (``nan`` before any
+        step)."""
+        count = self.shared_step_count.get_value()
+        return (
+            self.shared_accepted_sum.get_value() / count
+            if count > 0
+            else np.full(len(self.particles), np.nan)
+        )
+
+    @property
+    def cell_weights(self) -> np.ndarray:
+        """``beta_j``: the estimated posterior mass of each cell (sums to 1)."""
+        count = self.shared_mass_count.get_value()
+        seen = count > 0
+        log_est = np.where(
+            seen, self.shared_log_mass.get_value() - np.log(np.where(seen, count, 1)), -np.inf
+        )
+        weights = np.exp(log_est - log_est.max())
+        return weights / weights.sum()
+
+    def _draw(self, draws, rng):
+        particles, means, scales = self.particles, self.local_means, self.local_scales
+        d = particles.shape[1]
+        counts = rng.multinomial(draws, self.cell_weights)
+        out = np.empty((draws, d), dtype=particles.dtype)
+        rates = np.maximum(np.nan_to_num(self.acceptance, nan=1.0), 1e-3)
+        filled = 0
+        for cell in np.flatnonzero(counts):
+            need, tries = counts[cell], 0
+            while need > 0:
+                batch = max(2 * need, int(need / rates[cell]))
+                x = means[cell] + scales[cell] * rng.standard_normal((batch, d))
+                sq = (x**2).sum(1)[:, None] - 2 * x @ particles.T + (particles**2).sum(1)
+                keep = x[np.argmin(sq, axis=1) == cell][:need]
+                out[filled : filled + len(keep)] = keep
+                filled += len(keep)
+                need -= len(keep)
+                tries += 1
+                if tries > 1000 and need > 0:
+                    raise RuntimeError(
+                        f"WVGD sampling: cell {cell} accepts almost none of its local "
+                        "Gaussian's draws (its particle lies outside the Gaussian's mass); "
+                        "fit longer or with more n_samples."
+                    )
+        return out[rng.permutation(draws)]
+
+    def _method_group(self) -> xr.Dataset:
+        extra = {
+            "local_mean": (("particle", "coordinate"), self.local_means),
+            "local_scale": (("particle", "coordinate"), self.local_scales),
+            "cell_weight": ("particle", self.cell_weights),
+            "acceptance": ("particle", self.acceptance),
+        }
+        return self._points_dataset(self.particles, "particle", self.inference.settings(), extra)
+
+
+def cell_weights(log_mass: pt.TensorVariable, count: pt.TensorVariable) -> pt.TensorVariable:
+    """Normalised ``beta`` from the running estimates; cells never estimated get 0."""
+    seen = count > 0
+    log_est = pt.switch(seen, log_mass - pt.log(pt.switch(seen, count, 1.0)), -pt.inf)
+    return pt.special.softmax(log_est)
+
+
+def _running_log_mean(log_sum, count, new_log, keep, decay):
+    """Exponentially weighted running sum (log domain) and count, for cells where
+    ``keep``; an empty cell leaves its estimate as it was."""
+    top = pt.maximum(log_sum + np.log(decay), new_log)
+    summed = top + pt.log(pt.exp(log_sum + np.log(decay) - top) + pt.exp(new_log - top))
+    return pt.switch(keep, summed, log_sum), pt.switch(keep, decay * count + 1.0, count)
+
+
+class WVGD(FlowInference):
+    r"""Wasserstein variational gradient descent (Ambrogioni, Güçlü & van Gerven 2018).
+
+    ``J`` particles partition the space into Voronoi cells; each carries a local factorised
+    Gaussian restricted to its cell. Every step draws ``M`` points per particle (all in one
+    batched log-density call), keeps those in the particle's cell, moves each particle
+    toward the importance-weighted posterior centroid of its cell (eq. 20) and each local
+    Gaussian down the gradient of ``KL(q~_j || p_j)`` (eq. 24-26). The cell weights ``beta``
+    (posterior mass per cell, eq. 10) are a running importance-sampling estimate. The free
+    energy is minus the ELBO of the mixture ``sum_j beta_j q~_j`` (eq. 27 plus ``H(beta)``),
+    a bound: ``-F <= log p(y)``. One particle is mean-field Gaussian VI.
+
+    Parameters
+    ----------
+    n_particles
+        ``J >= 1`` (default 5).
+    n_samples
+        Draws ``M >= 1`` of each local Gaussian per step (default 50).
+    init_scale
+        Scale of the initial local Gaussians and of the particles' initial spread around
+        the starting point (default 0.1). Particles only find modes their local Gaussians
+        reach: for a multimodal posterior spread them as widely as the prior (e.g. 3).
+    init
+        ``"initial_point"`` (updated by ``start``) or ``"map"``.
+    weight_memory
+        Steps over which the running cell-weight estimate averages (default 100).
+    initial_particles
+        Explicit ``(J, D)`` starting particles in flat unconstrained space (overrides
+        ``init``); the local Gaussians start on them.
+    model, random_seed, start
+        As in ``pm.fit``.
+
+    Fit keywords as the other methods; ``learning_rate`` ``(eta1, eta2)`` is the particles'
+    step and the local Gaussians' step, ``optimizer`` defaults to dimension-wise Adam and
+    the learning rate to 0.01.
+    """
+
+    name = "wvgd"
+    default_learning_rate = 1e-2
+    default_optimizer = "adam"
+    spread_option = "init_scale"
+    start_points = "local draws"
+
+    def __init__(
+        self,
+        n_particles: int = 5,
+        *,
+        n_samples: int = 50,
+        init_scale: float = 0.1,
+        init: str = "initial_point",
+        weight_memory: float = 100.0,
+        initial_particles: np.ndarray | None = None,
+        model: pm.Model | None = None,
+        random_seed=None,
+        start: dict | None = None,
+    ):
+        self.n_particles = n_particles
+        self.n_samples = n_samples
+        self.init_scale = init_scale
+        self.init = init
+        self.weight_memory = weight_memory
+        self.initial_particles = initial_particles
+        super().__init__(model=model, random_seed=random_seed, start=start)
+
+    def _initialise(self) -> WVGDApproximation:
+        if not is_integer(self.n_particles, 1):
+            raise ValueError(f"n_particles must be an integer >= 1, got {self.n_particles!r}.")
+        if not is_integer(self.n_samples, 1):
+            raise ValueError(
+                f"n_samples must be an integer >= 1 (draws per particle and step), got "
+                f"{self.n_samples!r}."
+            )
+        scale = positive("init_scale", self.init_scale)
+        if not (positive("weight_memory", self.weight_memory) >= 1):
+            raise ValueError(f"weight_memory must be >= 1 step, got {self.weight_memory!r}.")
+        d = self.target.ndim
+        if self.initial_particles is not None:
+            particles = np.array(self.initial_particles, dtype=self.target.dtype)
+            if particles.ndim != 2 or particles.shape[1] != d or not len(particles):
+                raise ValueError(
+                    f"initial_particles must have shape (J, {d}) (flat unconstrained "
+                    f"coordinates {self.target.labels}), got {particles.shape}."
+                )
+            if not np.all(np.isfinite(particles)):
+                raise ValueError("initial_particles contains non-finite values.")
+            self.n_particles = len(particles)
+            return WVGDApproximation(self, particles, scale)
+        centre = self._initial_centre(self.init)
+        j = int(self.n_particles)
+        spread = scale * self._init_rng.standard_normal((j, d)) if j > 1 else np.zeros((1, d))
+        particles = (centre + spread).astype(self.target.dtype)
+        return WVGDApproximation(self, particles, scale)
+
+    def settings(self) -> dict:
+        out = {
+            "n_particles": self.n_particles,
+            "n_samples": self.n_samples,
+            "init_scale": self.init_scale,
+            "init": self.init if self.initial_particles is None else "initial_particles",
+            "weight_memory": self.weight_memory,
+            "random_seed": self.random_seed,
+            "n_steps": len(self.hist),
+            "free_energy": "-(sum_j beta_j ELBO_j + H(beta)), the mixture's -ELBO",
+        }
+        if self.fit_options is not None:
+            out.update(self.fit_options.settings())
+        return out
+
+    def _build_step(self, options: FitOptions) -> StepGraph:
+        a = self.approx
+        particles, means, log_scales = a.shared_particles, a.shared_means, a.shared_log_scales
+        j, d, m = particles.shape[0], self.target.ndim, self.n_samples
+        noise = self.standard_normal((j, m, d))
+        draws = flow.local_draws(means, log_scales, noise)
+        points = draws.reshape((j * m, d))
+        logp, grad_logp, _ = self.target.logp_and_grads(points)
+        logp, grad_logp = logp.reshape((j, m)), grad_logp.reshape((j, m, d))
+        logq = flow.local_logq(log_scales, noise)
+        accepted = flow.accepted_draws(draws, particles)
+        has = pt.any(accepted, axis=1)
+
+        # running cell weights and acceptance
+        decay = 1.0 - 1.0 / float(self.weight_memory)
+        log_mass, count = _running_log_mean(
+            a.shared_log_mass,
+            a.shared_mass_count,
+            flow.cell_log_mass(logp, logq, accepted),
+            has,
+            decay,
+        )
+        rate = pt.mean(pt.cast(accepted, logp.dtype), axis=1)
+        elbos = pt.switch(has, flow.cell_elbos(logp, logq, accepted), a.shared_elbos)
+        weights = cell_weights(log_mass, count)
+
+        eta1, eta2 = options.learning_rate
+        updates = {
+            a.shared_log_mass: log_mass,
+            a.shared_mass_count: count,
+            a.shared_accepted_sum: decay * a.shared_accepted_sum + rate,
+            a.shared_step_count: decay * a.shared_step_count + 1.0,
+            a.shared_elbos: elbos,
+        }
+        d_means, d_log_scales = flow.local_gradients(grad_logp, noise, log_scales, accepted)
+        steps = [
+            (particles, eta1, flow.particle_direction(particles, draws, logp, logq, accepted)),
+            (means, eta2, d_means),
+            (log_scales, eta2, d_log_scales),
+        ]
+        for var, eta, direction in steps:
+            chain = options.chain(particle_axes=(0,))
+            shape = var.get_value().shape
+            direction, opt_updates = transform_direction(chain, direction, shape, var.name)
+            updates.update(opt_updates)
+            # a cell without accepted draws keeps its particle and local Gaussian this step
+            updates[var] = pt.switch(has[:, None], var - eta * direction, var).astype(var.dtype)
+        return StepGraph(
+            free_energy=-flow.mixture_elbo(elbos, weights),
+            points=points,
+            logp=logp.reshape((j * m,)),
+            grad=grad_logp.reshape((j * m, d)),
+            positions=flow.local_draws(updates[means], updates[log_scales], noise).reshape(
+                (j * m, d)
+            ),
+            updates=updates,
+            hyper_grads=_hyper_grads(logp, accepted, weights, options.more_obj_params),
+        )
+
+
+def _hyper_grads(logp, accepted, weights, params) -> list:
+    """``d F / d theta = -sum_j beta_j E_q~j[d log p / d theta]`` (q and beta held fixed),
+    the expectation over each cell's accepted draws."""
+    if not params:
+        return []
+    acc = pt.cast(accepted, logp.dtype)
+    share = acc * (weights / pt.maximum(pt.sum(acc, axis=1), 1.0))[:, None]
+    weighted = pt.sum(disconnected_grad(share) * logp)
+    return [-g for g in pytensor.grad(weighted, list(params))]
