@@ -309,3 +309,27 @@ def test_more_obj_params_is_type_ii_maximum_likelihood():
     sigma2 = np.exp(2 * np.array(trace[-2000:]))
     assert 0 < sigma2.std() < 0.3
     assert abs(sigma2.mean() - (np.mean(y**2) - 1)) < 0.5 * sigma2.std()
+
+
+def test_logq_is_the_normalised_mixture_density(standard_normal):
+    """log q of the mixture of truncated local Gaussians integrates to 1 (the normalisers
+    Z_j come from 100 000 draws each: relative error < 0.5 %), and agrees with the draws of
+    sample(): the fraction of draws in each cell is beta_j. With one particle it is the
+    local Gaussian's density exactly."""
+    kwargs = {"n_samples": 100, "learning_rate": 0.05, "optimizer": "sgd"}
+    approx = _fit(standard_normal, 300, n_particles=3, init_scale=0.5, **kwargs)
+    grid = np.linspace(-10, 10, 40_001)[:, None]
+    density = np.exp(approx.logq(grid, random_seed=0))
+    assert np.trapezoid(density, grid[:, 0]) == pytest.approx(1.0, abs=0.01)
+    draws = approx.inference.approx._draw(30_000, np.random.default_rng(0))
+    cells = np.argmin((draws - approx.particles.T) ** 2, axis=1)
+    np.testing.assert_allclose(
+        np.bincount(cells, minlength=3) / 30_000,
+        approx.cell_weights,
+        atol=4 * np.sqrt(0.25 / 30_000),
+    )
+    single = _fit(standard_normal, 30, n_particles=1, **kwargs)
+    expected = stats.norm.logpdf(
+        grid[::1000, 0], single.local_means[0, 0], single.local_scales[0, 0]
+    )
+    np.testing.assert_allclose(single.logq(grid[::1000]), expected, rtol=1e-12)

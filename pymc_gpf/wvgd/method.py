@@ -19,6 +19,7 @@ from pymc_gpf.engine import (
     positive,
     transform_direction,
 )
+from pymc_gpf.gaussian import LOG_2PI
 from pymc_gpf.wvgd import flow
 
 __all__ = ["WVGD", "WVGDApproximation"]
@@ -88,11 +89,38 @@ class WVGDApproximation(FlowApproximation):
         """``beta_j``: the estimated posterior mass of each cell (sums to 1)."""
         count = self.shared_mass_count.get_value()
         seen = count > 0
+        if not seen.any():  # before the first step
+            return np.full(len(count), 1.0 / len(count))
         log_est = np.where(
             seen, self.shared_log_mass.get_value() - np.log(np.where(seen, count, 1)), -np.inf
         )
         weights = np.exp(log_est - log_est.max())
         return weights / weights.sum()
+
+    def logq(self, points: np.ndarray, n_draws: int = 100_000, random_seed=None) -> np.ndarray:
+        """``log q(x)`` of the mixture ``sum_j beta_j q~_j`` at flat unconstrained points
+        ``(S, D)``: ``log beta_j + log q_j(x) - log Z_j`` for the cell ``j`` containing ``x``.
+        The normalisers ``Z_j = q_j(L_j)`` are estimated from ``n_draws`` draws of each
+        ``q_j`` (relative error ``sqrt((1 - Z_j) / (Z_j n_draws))``; exact for one particle)."""
+        from pymc_gpf.engine import seed_sequence
+
+        points = np.atleast_2d(np.asarray(points, dtype=self.target.dtype))
+        particles, means, scales = self.particles, self.local_means, self.local_scales
+        if points.shape[-1] != particles.shape[1]:
+            raise ValueError(
+                f"points must have {particles.shape[1]} columns (flat unconstrained coordinates "
+                f"{self.target.labels}), got shape {points.shape}."
+            )
+        rng = np.random.default_rng(seed_sequence(random_seed))
+        log_z = np.empty(len(particles))
+        for j in range(len(particles)):
+            x = means[j] + scales[j] * rng.standard_normal((n_draws, particles.shape[1]))
+            log_z[j] = np.log(np.mean(_nearest(x, particles) == j))
+        cell = _nearest(points, particles)
+        z = (points - means[cell]) / scales[cell]
+        local = -0.5 * np.sum(z**2 + LOG_2PI, axis=1) - np.sum(np.log(scales[cell]), axis=1)
+        with np.errstate(divide="ignore"):
+            return np.log(self.cell_weights[cell]) + local - log_z[cell]
 
     def _draw(self, draws, rng):
         particles, means, scales = self.particles, self.local_means, self.local_scales
@@ -106,8 +134,7 @@ class WVGDApproximation(FlowApproximation):
             while need > 0:
                 batch = max(2 * need, int(need / rates[cell]))
                 x = means[cell] + scales[cell] * rng.standard_normal((batch, d))
-                sq = (x**2).sum(1)[:, None] - 2 * x @ particles.T + (particles**2).sum(1)
-                keep = x[np.argmin(sq, axis=1) == cell][:need]
+                keep = x[_nearest(x, particles) == cell][:need]
                 out[filled : filled + len(keep)] = keep
                 filled += len(keep)
                 need -= len(keep)
@@ -128,6 +155,12 @@ class WVGDApproximation(FlowApproximation):
             "acceptance": ("particle", self.acceptance),
         }
         return self._points_dataset(self.particles, "particle", self.inference.settings(), extra)
+
+
+def _nearest(points: np.ndarray, particles: np.ndarray) -> np.ndarray:
+    """NumPy twin of :func:`pymc_gpf.wvgd.flow.nearest_particle`."""
+    sq = (points**2).sum(1)[:, None] - 2 * points @ particles.T + (particles**2).sum(1)
+    return np.argmin(sq, axis=1)
 
 
 def cell_weights(log_mass: pt.TensorVariable, count: pt.TensorVariable) -> pt.TensorVariable:
