@@ -7,9 +7,11 @@
 from importlib.metadata import PackageNotFoundError, version
 
 from pymc_gpf import optimizers
+from pymc_gpf.diagnostics import Diagnosis, diagnose
 from pymc_gpf.errors import DivergenceError, InitialPointError, ModelNotSupportedError
 from pymc_gpf.gf import GF, GFApproximation
 from pymc_gpf.gpf import GPF, GPFApproximation
+from pymc_gpf.persistence import load
 from pymc_gpf.registry import register, register_method, unregister
 from pymc_gpf.target import BatchedTarget
 from pymc_gpf.wvgd import WVGD, WVGDApproximation
@@ -24,6 +26,7 @@ __all__ = [
     "GPF",
     "WVGD",
     "BatchedTarget",
+    "Diagnosis",
     "DivergenceError",
     "GFApproximation",
     "GPFApproximation",
@@ -31,6 +34,8 @@ __all__ = [
     "ModelNotSupportedError",
     "WVGDApproximation",
     "__version__",
+    "diagnose",
+    "load",
     "optimizers",
     "register",
     "register_method",

@@ -15,11 +15,15 @@ import xarray as xr
 from arviz_base import dict_to_dataset
 
 from pymc_gpf.datatree import build_datatree, settings_attrs
+from pymc_gpf.gaussian import GaussianQ
 
 if TYPE_CHECKING:
+    from pymc_gpf.diagnostics import Diagnosis
     from pymc_gpf.engine import FlowInference
 
-__all__ = ["FlowApproximation"]
+LOGP_CHUNK = 256  # points per log-density call: bounds memory for models with much data
+
+__all__ = ["FlowApproximation", "GaussianApproximation"]
 
 
 class FlowApproximation:
@@ -27,7 +31,8 @@ class FlowApproximation:
 
     def __init__(self, inference: FlowInference):
         self.inference = inference
-        self._constrained_fns: dict[Any, Any] = {}
+        self.diagnosis: Diagnosis | None = None  # the last pymc_gpf.diagnose(self)
+        self._compiled: dict[Any, Any] = {}
 
     # -------------------------------------------------------------- PyMC's interface
     @property
@@ -63,19 +68,50 @@ class FlowApproximation:
         """``draws`` points of q in flat unconstrained space, shape ``(draws, D)``."""
         raise NotImplementedError
 
+    def logq(self, points: np.ndarray) -> np.ndarray:
+        """``log q(x)`` at flat unconstrained points ``(S, D)``."""
+        raise NotImplementedError
+
+    def proposal(self, ridge: bool | float | None, rng: np.random.Generator):
+        """q as an importance-sampling proposal, and why it has no density (or ``None``):
+        an object with ``sample(draws, rng)`` and ``logpdf(points)``. ``ridge`` regularises
+        a degenerate Gaussian q (see :func:`pymc_gpf.diagnose`)."""
+        raise NotImplementedError
+
+    def log_density(self, points: np.ndarray) -> np.ndarray:
+        """``log p(x, y)`` at flat unconstrained points ``(S, D)`` (log-Jacobian included,
+        full-data scale): one batched call per chunk of points."""
+        points = self._check_points(points)
+        fn = self._compiled_for("logp", self.target.compile_logp)
+        chunks = [fn(points[i : i + LOGP_CHUNK]) for i in range(0, len(points), LOGP_CHUNK)]
+        return np.concatenate(chunks).astype(float)
+
+    def _compiled_for(self, key, compile_fn, *args):
+        """A compiled function of the target, once per fit backend."""
+        options = self.inference.fit_options
+        backend = options.backend if options is not None else None
+        if (key, backend, *args) not in self._compiled:
+            self._compiled[key, backend, *args] = compile_fn(*args, backend=backend)
+        return self._compiled[key, backend, *args]
+
+    def _check_points(self, points) -> np.ndarray:
+        points = np.atleast_2d(np.asarray(points, dtype=self.target.dtype))
+        if points.ndim != 2 or points.shape[-1] != self.target.ndim:
+            raise ValueError(
+                f"points must have {self.target.ndim} columns (flat unconstrained coordinates "
+                f"{self.target.labels}), got shape {points.shape}."
+            )
+        return points
+
     def _method_group(self) -> xr.Dataset:
         raise NotImplementedError
 
     def constrained(self, flat: np.ndarray, include_transformed: bool = False) -> dict:
         """Flat unconstrained points ``(S, D)`` as constrained variables and deterministics."""
-        options = self.inference.fit_options
-        backend = options.backend if options is not None else None
-        key = (bool(include_transformed), backend)
-        if key not in self._constrained_fns:
-            self._constrained_fns[key] = self.target.compile_constrained(
-                include_transformed, backend=backend
-            )
-        return self._constrained_fns[key](flat)
+        fn = self._compiled_for(
+            "constrained", self.target.compile_constrained, bool(include_transformed)
+        )
+        return fn(flat)
 
     def sample(
         self,
@@ -84,22 +120,39 @@ class FlowApproximation:
         random_seed=None,
         return_inferencedata: bool = True,
         include_transformed: bool | None = None,
+        psis: bool = False,
+        regularize: bool | float | None = None,
     ):
         """Draw from the fitted q; an ArviZ DataTree as ``approx.sample`` in PyMC.
 
         Groups: ``posterior`` (chain=1, draw; free variables and deterministics),
         ``observed_data``, ``constant_data``, ``fit`` (``free_energy`` on ``step``) and the
-        method's own group. With ``return_inferencedata=False`` a dict of arrays.
-        """
-        from pymc_gpf.engine import seed_sequence
+        method's own group (with the numbers of the last :func:`pymc_gpf.diagnose`). With
+        ``return_inferencedata=False`` a dict of arrays.
 
-        if isinstance(draws, bool) or not isinstance(draws, int | np.integer) or draws < 1:
+        ``psis=True`` returns PSIS-corrected draws instead: ``4 * draws`` draws of q are
+        importance-weighted towards the posterior (Pareto-smoothed) and ``draws`` of them
+        resampled by weight; the diagnosis of those draws is stored, and a warning says
+        when k̂ makes them unreliable. ``regularize`` is passed to the diagnosis (needed
+        when q is degenerate).
+        """
+        from pymc_gpf.diagnostics import diagnose
+        from pymc_gpf.engine import is_integer, seed_sequence
+
+        if not is_integer(draws, 1):
             raise ValueError(f"draws must be a positive integer, got {draws!r}.")
         if include_transformed is None:
             options = self.inference.fit_options
             include_transformed = bool(options and options.include_transformed)
         rng = np.random.default_rng(seed_sequence(random_seed))
-        values = self.constrained(self._draw(int(draws), rng), include_transformed)
+        if psis:
+            diagnosis = diagnose(self, 4 * int(draws), random_seed=rng, regularize=regularize)
+            flat = diagnosis.resample(int(draws), rng)
+        else:
+            if regularize is not None:
+                raise ValueError("regularize applies to psis=True draws only.")
+            flat = self._draw(int(draws), rng)
+        values = self.constrained(flat, include_transformed)
         if not return_inferencedata:
             return values
         return build_datatree(
@@ -107,8 +160,31 @@ class FlowApproximation:
             values,
             free_energy=self.hist,
             method=self.inference.name,
-            method_group=self._method_group(),
+            method_group=self.method_group(),
         )
+
+    def save(self, path, draws: int = 0, random_seed=None):
+        """Write the fit (state included, so :func:`pymc_gpf.load` can continue it) to a
+        netCDF file, or a zarr store if ``path`` ends in ``.zarr``; with ``draws`` > 0 the
+        file also holds that many posterior draws. Returns the path."""
+        from pymc_gpf.persistence import save
+
+        return save(self, path, draws, random_seed)
+
+    def to_datatree(self, draws: int = 0, random_seed=None) -> xr.DataTree:
+        """The fit as the DataTree :meth:`save` writes."""
+        from pymc_gpf.persistence import to_datatree
+
+        return to_datatree(self, draws, random_seed)
+
+    def method_group(self) -> xr.Dataset:
+        """The method's DataTree group: fitted state, settings, and the last diagnosis."""
+        group = self._method_group()
+        if self.diagnosis is not None:
+            diagnosis = self.diagnosis.to_dataset()
+            group = group.assign(diagnosis.data_vars)
+            group.attrs.update(diagnosis.attrs)
+        return group
 
     def _points_dataset(
         self, points: np.ndarray, dim: str, settings: dict[str, Any], extra: dict | None = None
@@ -128,3 +204,37 @@ class FlowApproximation:
         )
         ds.attrs = settings_attrs(settings)
         return ds
+
+
+class GaussianApproximation(FlowApproximation):
+    """A fit whose q is one Gaussian ``N(m, C)`` (GPF, GF): draws and density come from
+    :meth:`gaussian`."""
+
+    def gaussian(self) -> GaussianQ:
+        """The fitted q as a NumPy :class:`~pymc_gpf.gaussian.GaussianQ`."""
+        raise NotImplementedError
+
+    def _draw(self, draws, rng):
+        return self.gaussian().sample(draws, rng)
+
+    def logq(self, points: np.ndarray) -> np.ndarray:
+        """``log q(x)`` at flat unconstrained points ``(S, D)`` (e.g. draws for importance
+        ratios ``log p - log q``). When C is singular (GPF with ``N <= D``, GF with rank
+        ``K < D``) q is degenerate: this is its density on its affine support, ``-inf`` off
+        it; :func:`pymc_gpf.diagnose` offers a regularised alternative."""
+        return self.gaussian().logpdf(self._check_points(points))
+
+    def _why_singular(self) -> str:
+        """What makes C singular, in the method's terms."""
+        raise NotImplementedError
+
+    def proposal(self, ridge, rng):
+        q = self.gaussian()
+        if not q.degenerate:
+            return q, None
+        if ridge is None:
+            return q, (
+                f"q = N(m, C) is degenerate: C has rank {q.rank} < D = {q.ndim} "
+                f"({self._why_singular()}), so q has no density on R^D"
+            )
+        return q.with_ridge(q.smallest_variance() if ridge is True else ridge), None

@@ -47,22 +47,25 @@ def settings_attrs(settings: dict[str, Any]) -> dict[str, Any]:
 
 def build_datatree(
     model: pm.Model,
-    posterior: dict[str, np.ndarray],
+    posterior: dict[str, np.ndarray] | None,
     *,
     free_energy: np.ndarray,
     method: str,
     method_group: xr.Dataset,
 ) -> xr.DataTree:
-    """Assemble the DataTree; ``posterior`` values have a leading draw axis."""
+    """Assemble the DataTree; ``posterior`` values have a leading draw axis (``None``: no
+    posterior group)."""
     coords, dims = coords_and_dims_for_inferencedata(model)
     library = _library()
-    groups = {
-        "posterior": dict_to_dataset_drop_incompatible_coords(
+    groups = {}
+    if posterior is not None:
+        groups["posterior"] = dict_to_dataset_drop_incompatible_coords(
             {name: value[None, ...] for name, value in posterior.items()},
             inference_library=library,
             coords=coords,
             dims=dims,
-        ),
+        )
+    groups |= {
         "fit": xr.Dataset(
             {"free_energy": ("step", np.asarray(free_energy, dtype=float))},
             coords={"step": np.arange(len(free_energy))},

@@ -13,7 +13,7 @@ import logging
 import numbers
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -94,6 +94,18 @@ class FitOptions:
             "more_obj_params": [p.name or repr(p) for p in self.more_obj_params],
             "backend": self.backend,
         }
+
+
+def parse_learning_rate(learning_rate) -> tuple[float, float]:
+    """One step size or the pair ``(eta1, eta2)``, as positive floats."""
+    if isinstance(learning_rate, tuple | list):
+        if len(learning_rate) != 2:
+            raise ValueError(
+                "learning_rate is one number or a pair (eta1 for the mean shift, eta2 for "
+                f"the linear part); got {learning_rate!r}."
+            )
+        return tuple(positive("learning_rate", r) for r in learning_rate)
+    return (positive("learning_rate", learning_rate),) * 2
 
 
 @dataclass
@@ -185,6 +197,13 @@ def transform_direction(
     return new_direction, updates
 
 
+def _add_state(state: dict[str, SharedVariable], key: str | None, var: SharedVariable) -> None:
+    """Register one variable of the fit's state (its key names it in a saved checkpoint)."""
+    if not key or key in state:
+        raise RuntimeError(f"state variable {var!r} needs a unique name, got {key!r}")
+    state[key] = var
+
+
 class FlowInference(Inference):
     """Base class of the pymc-gpf methods; a :class:`pymc.variational.Inference`.
 
@@ -203,11 +222,21 @@ class FlowInference(Inference):
         self.hist = np.asarray(())
         self.state: State | None = None
         self.fit_options: FitOptions | None = None
+        # step sizes live in a shared variable: refine(n, learning_rate=...) needs no compile
+        self._learning_rates = pytensor.shared(
+            np.zeros(2, dtype=pytensor.config.floatX), name=f"{self.name}_learning_rates"
+        )
+        self.state_vars: dict[str, SharedVariable] = {}
         self._start = start
         self._seed(random_seed)
         self._approx = self._initialise()
 
     approx = property(lambda self: self._approx)
+
+    @property
+    def learning_rates(self) -> tuple[Variable, Variable]:
+        """``(eta1, eta2)`` as symbolic scalars, for the methods' step graphs."""
+        return self._learning_rates[0], self._learning_rates[1]
 
     @property
     def model(self):
@@ -216,6 +245,20 @@ class FlowInference(Inference):
     # ------------------------------------------------------------------ subclass API
     def _initialise(self):
         raise NotImplementedError
+
+    def constructor_options(self) -> dict[str, Any]:
+        """The constructor keywords that rebuild this inference (JSON-able; for saving)."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_options(cls, model: pm.Model, options: dict[str, Any]) -> FlowInference:
+        """An inference rebuilt from :meth:`constructor_options`, skipping its search for a
+        starting point (a checkpoint's state replaces it)."""
+        options = dict(options)
+        init = options.pop("init", INITS[0])
+        inference = cls(model=model, init=INITS[0], **options)
+        inference.init = init
+        return inference
 
     def _build_step(self, options: FitOptions) -> StepGraph:
         raise NotImplementedError
@@ -299,15 +342,7 @@ class FlowInference(Inference):
     ) -> FitOptions:
         if learning_rate is None:
             learning_rate = self.default_learning_rate
-        if isinstance(learning_rate, tuple | list):
-            if len(learning_rate) != 2:
-                raise ValueError(
-                    "learning_rate is one number or a pair (eta1 for the mean shift, eta2 for "
-                    f"the linear part); got {learning_rate!r}."
-                )
-            rates = tuple(positive("learning_rate", r) for r in learning_rate)
-        else:
-            rates = (positive("learning_rate", learning_rate),) * 2
+        rates = parse_learning_rate(learning_rate)
         if clip_norm is not None:
             clip_norm = positive("clip_norm", clip_norm)
         params = tuple(more_obj_params or ())
@@ -335,14 +370,18 @@ class FlowInference(Inference):
 
     # ------------------------------------------------------------------------ compile
     def _compile(self, options: FitOptions) -> CompiledStep:
+        self._learning_rates.set_value(np.asarray(options.learning_rate, dtype=self.target.dtype))
         graph = self._build_step(options)
         updates = dict(graph.updates)
+        keys = {var: var.name for var in updates}
         pairs = zip(options.more_obj_params, graph.hyper_grads, strict=True)
         for i, (theta, grad) in enumerate(pairs):
             shape = np.shape(theta.get_value())
             direction, opt_updates = transform_direction(options.chain(), grad, shape, f"hyper{i}")
-            updates[theta] = (theta - options.learning_rate[0] * direction).astype(theta.dtype)
+            updates[theta] = (theta - self.learning_rates[0] * direction).astype(theta.dtype)
             updates.update(opt_updates)
+            keys.update({var: var.name for var in opt_updates})
+            keys[theta] = f"hyper{i}"  # the user's variable: its name may be None or clash
         here_ok = pt.isfinite(graph.free_energy)
         next_ok = here_ok
         for value in updates.values():
@@ -352,11 +391,16 @@ class FlowInference(Inference):
         # state turns out to have a non-finite free energy (roll back to the previous one),
         # so the state kept always has a finite free energy: the last good one.
         guarded = {}
+        state = {self._learning_rates.name: self._learning_rates}
         for var, value in updates.items():
-            previous = pytensor.shared(var.get_value(), name=f"{var.name}_previous")
+            key = keys[var]
+            previous = pytensor.shared(var.get_value(), name=f"{key}_previous")
             guarded[var] = pt.switch(next_ok, value, pt.switch(here_ok, var, previous))
             guarded[previous] = pt.switch(next_ok, var, previous)
+            _add_state(state, key, var)
+            _add_state(state, previous.name, previous)
         ok = next_ok
+        self.state_vars = state
         fn = compile_pymc(
             [],
             [graph.free_energy, ok],
@@ -420,10 +464,24 @@ class FlowInference(Inference):
         self._run(int(n), progressbar, progressbar_theme)
         return self.approx
 
-    def refine(self, n: int, progressbar: bool = True, progressbar_theme=default_progress_theme):
-        """Continue with the last compiled step, callbacks and history."""
+    def refine(
+        self,
+        n: int,
+        progressbar: bool = True,
+        progressbar_theme=default_progress_theme,
+        *,
+        learning_rate: float | tuple[float, float] | None = None,
+    ):
+        """Continue with the last compiled step, optimiser state, callbacks and history;
+        ``learning_rate`` changes the step size from here on (e.g. after a divergence)."""
         if self.state is None:
             raise TypeError("Need to call `.fit` first")
+        if not is_integer(n, 0):
+            raise ValueError(f"n (the number of steps) must be a non-negative integer, got {n!r}.")
+        if learning_rate is not None:
+            rates = parse_learning_rate(learning_rate)
+            self._learning_rates.set_value(np.asarray(rates, dtype=self.target.dtype))
+            self.fit_options = replace(self.fit_options, learning_rate=rates)
         self._run(int(n), progressbar, progressbar_theme)
         return self.approx
 
@@ -432,6 +490,7 @@ class FlowInference(Inference):
         scores = np.full(n, np.nan)
         done = 0
         failure = None
+        rolled_back = False
         try:
             with CustomProgress(
                 *Progress.get_default_columns(),
@@ -444,6 +503,9 @@ class FlowInference(Inference):
                     free_energy, ok = step()
                     if not ok:
                         failure = start + i
+                        # the state before this step had a non-finite free energy, so the
+                        # guard rolled back one more step: its history entry goes too
+                        rolled_back = not np.isfinite(free_energy)
                         break
                     scores[i] = free_energy
                     done = i + 1
@@ -458,8 +520,9 @@ class FlowInference(Inference):
         except KeyboardInterrupt:
             logger.info("Interrupted at step %d; returning the fit so far.", start + done)
         finally:
-            self.hist = np.concatenate([self.hist, scores[:done]])
-            self.state = self.state._replace(i=start + done)
+            hist = np.concatenate([self.hist, scores[:done]])
+            self.hist = hist[:-1] if rolled_back and len(hist) else hist
+            self.state = self.state._replace(i=len(self.hist))
         if failure is not None:
             raise self._failure(failure, step.diagnose(self.target))
 
@@ -497,8 +560,8 @@ class FlowInference(Inference):
             f"{self.name.upper()} diverged at step {step_index}: the update produced non-finite "
             f"values{where}. The approximation keeps the last finite state (err.approx, "
             f"history up to step {step_index}). Continue it with a smaller learning_rate (this "
-            f"fit used {self.fit_options.learning_rate}), a clip_norm, or optimizer='adam', "
-            "e.g. err.approx.inference.fit(n, learning_rate=...); starting closer (init='map', "
+            f"fit used {self.fit_options.learning_rate}): err.approx.refine(n, learning_rate=...); "
+            "or refit with a clip_norm or optimizer='adam'; starting closer (init='map', "
             f"smaller {self.spread_option}) also helps.",
             self.approx,
         )

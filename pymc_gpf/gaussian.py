@@ -1,14 +1,21 @@
-"""Gaussian helpers shared by the methods whose q is a Gaussian (GPF, GF)."""
+"""Gaussian helpers shared by the methods whose q is a Gaussian (GPF, GF).
+
+:class:`GaussianQ` is the fitted ``q = N(m, C)`` with a block-diagonal ``C = F_b F_b^T`` given
+by factors (GPF: ``F = Z^T / sqrt(N)``, eq. 16; GF: ``F = Gamma``), in NumPy: draws, the
+density, and a regularised density for a degenerate ``C``. Nothing forms a ``D x D`` matrix.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pytensor.tensor as pt
 
 from pytensor.graph.basic import Variable
-from scipy.linalg import solve_triangular
 
-__all__ = ["LOG_2PI", "LOG_2PI_E", "factor_logpdf", "logdet_spd"]
+__all__ = ["LOG_2PI", "LOG_2PI_E", "GaussianQ", "logdet_spd"]
 
 LOG_2PI = float(np.log(2 * np.pi))
 LOG_2PI_E = LOG_2PI + 1.0
@@ -19,20 +26,120 @@ def logdet_spd(a: Variable) -> Variable:
     return 2.0 * pt.sum(pt.log(pt.diagonal(pt.linalg.cholesky(a, on_error="nan"))))
 
 
-def factor_logpdf(deviations: np.ndarray, factor: np.ndarray, rtol: float = 1e-8) -> np.ndarray:
-    """``log N(x; mu, F F^T)`` for rows ``x - mu`` of ``deviations`` ``(S, D)``, ``F`` ``(D, K)``.
+@dataclass(frozen=True)
+class _Basis:
+    """A factor's column space: orthonormal ``u`` ``(D_b, r)`` and the standard deviations
+    ``s`` ``(r,)`` of q along it (the non-zero singular values of the factor)."""
 
-    For ``K < D`` the Gaussian is degenerate: this is its density on the ``K``-dimensional
-    affine support (w.r.t. Lebesgue measure there), ``-inf`` for points off the support.
-    Uses ``F = Q R`` (no ``D x D`` matrix): ``z = R^{-1} Q^T (x - mu)``.
+    u: np.ndarray
+    s: np.ndarray
+
+
+@dataclass(frozen=True)
+class GaussianQ:
+    """``N(mean, C)`` with ``C`` block-diagonal: block ``b`` (coordinates ``blocks[b]``) has
+    covariance ``F_b F_b^T`` for a factor ``F_b`` ``(D_b, K_b)``, or ``diag(F_b^2)`` for a
+    vector of scales ``F_b`` ``(D_b,)`` (mean field).
+
+    When a factor has rank ``r_b < D_b`` (GPF with ``N <= D_b``, GF with ``K_b < D_b``) q is
+    degenerate: it lives on an affine subspace and has no density on ``R^D``.
+    ``ridge=lam`` then gives the proper Gaussian ``N(m, C + lam (I - P))``, ``P`` the projector
+    on ``C``'s range: the fitted directions unchanged and variance ``lam`` in the ``D_b - r_b``
+    missing ones (with ``lam = 1`` its entropy is the regularised one of the free energy).
     """
-    d, k = factor.shape
-    q, r = np.linalg.qr(factor)
-    proj = deviations @ q
-    z = solve_triangular(r, proj.T).T
-    out = -0.5 * np.sum(z**2, axis=1) - np.sum(np.log(np.abs(np.diag(r)))) - 0.5 * k * LOG_2PI
-    if k < d:
-        residual = np.linalg.norm(deviations - proj @ q.T, axis=1)
-        scale = np.linalg.norm(deviations, axis=1) + np.sqrt(np.sum(factor**2))
-        out = np.where(residual <= rtol * scale, out, -np.inf)
-    return out
+
+    mean: np.ndarray
+    blocks: tuple[np.ndarray, ...]
+    factors: tuple[np.ndarray, ...]
+    ridge: float | None = None
+
+    @cached_property
+    def _bases(self) -> tuple[_Basis | None, ...]:
+        """SVD of every matrix factor (``None`` for a vector of scales)."""
+        out = []
+        for f in self.factors:
+            if f.ndim == 1:
+                out.append(None)
+                continue
+            u, s, _ = np.linalg.svd(f, full_matrices=False)
+            keep = s > max(f.shape) * np.finfo(f.dtype).eps * (s[0] if len(s) else 0.0)
+            out.append(_Basis(u[:, keep], s[keep]))
+        return tuple(out)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.mean)
+
+    @property
+    def ranks(self) -> list[int]:
+        """Rank of each block's covariance."""
+        return [
+            int(np.count_nonzero(f)) if b is None else len(b.s)
+            for f, b in zip(self.factors, self._bases, strict=True)
+        ]
+
+    @property
+    def rank(self) -> int:
+        return sum(self.ranks)
+
+    @property
+    def degenerate(self) -> bool:
+        """True when C is singular (and no ``ridge`` makes the density proper)."""
+        return self.rank < self.ndim and self.ridge is None
+
+    def smallest_variance(self) -> float:
+        """The smallest non-zero eigenvalue of C (the default ridge: by Theorem 3 the
+        eigenvalues GPF leaves out of a Gaussian target are at most this)."""
+        values = [
+            np.square(f[f != 0]) if b is None else np.square(b.s)
+            for f, b in zip(self.factors, self._bases, strict=True)
+        ]
+        return float(np.min(np.concatenate(values)))
+
+    def with_ridge(self, ridge: float) -> GaussianQ:
+        return GaussianQ(self.mean, self.blocks, self.factors, float(ridge))
+
+    # ----------------------------------------------------------------------- draws
+    def sample(self, draws: int, rng: np.random.Generator) -> np.ndarray:
+        """``(draws, D)``: ``m_b + F_b xi`` per block, ``xi ~ N(0, I_{K_b})`` (eq. 16 for
+        GPF), plus ``sqrt(ridge)`` times noise projected off C's range."""
+        out = np.empty((draws, self.ndim), dtype=self.mean.dtype)
+        for b, f in zip(self.blocks, self.factors, strict=True):
+            if f.ndim == 1:
+                out[:, b] = self.mean[b] + rng.standard_normal((draws, len(b))) * f
+            else:
+                out[:, b] = self.mean[b] + rng.standard_normal((draws, f.shape[1])) @ f.T
+        if self.ridge is not None:
+            for b, basis in zip(self.blocks, self._bases, strict=True):
+                if basis is not None and basis.u.shape[1] < len(b):
+                    eps = rng.standard_normal((draws, len(b)))
+                    off = eps - (eps @ basis.u) @ basis.u.T
+                    out[:, b] += np.sqrt(self.ridge) * off
+        return out
+
+    # --------------------------------------------------------------------- density
+    def logpdf(self, points: np.ndarray, rtol: float = 1e-8) -> np.ndarray:
+        """``log q(x)`` for rows of ``points`` ``(S, D)``. For a degenerate q without a
+        ridge: the density on its affine support (w.r.t. Lebesgue measure there), ``-inf``
+        off it. ``O(S D r)``."""
+        dev = np.atleast_2d(points) - self.mean
+        total = np.zeros(len(dev))
+        for b, f, basis in zip(self.blocks, self.factors, self._bases, strict=True):
+            x = dev[:, b]
+            if basis is None:
+                total += -0.5 * np.sum((x / f) ** 2, axis=1) - np.sum(np.log(np.abs(f)))
+                total -= 0.5 * len(b) * LOG_2PI
+                continue
+            coef = x @ basis.u
+            total += -0.5 * np.sum((coef / basis.s) ** 2, axis=1) - np.sum(np.log(basis.s))
+            total -= 0.5 * len(basis.s) * LOG_2PI
+            missing = len(b) - len(basis.s)
+            if missing:
+                residual = np.sum((x - coef @ basis.u.T) ** 2, axis=1)
+                if self.ridge is None:
+                    scale = np.sum(x**2, axis=1) + np.sum(basis.s**2)
+                    total = np.where(residual <= rtol**2 * scale, total, -np.inf)
+                else:
+                    total += -0.5 * residual / self.ridge
+                    total -= 0.5 * missing * (LOG_2PI + np.log(self.ridge))
+        return total

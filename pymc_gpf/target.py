@@ -20,15 +20,19 @@ import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 
+from pymc.data import MinibatchOp
 from pymc.initial_point import make_initial_point_fn
 from pymc.pytensorf import compile as compile_pymc
 from pymc.pytensorf import join_nonshared_inputs, resolve_backend_compile_kwargs
 from pymc.util import get_default_varnames, get_untransformed_name, is_transformed_name
+from pymc.variational.minibatch_rv import MinibatchRandomVariable
 from pytensor.compile.ops import ViewOp
+from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
 from pytensor.graph.replace import clone_replace, graph_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.blockwise import Blockwise
+from pytensor.tensor.random.type import RandomGeneratorType
 from pytensor.tensor.type import discrete_dtypes
 
 from pymc_gpf.errors import InitialPointError, ModelNotSupportedError
@@ -148,6 +152,36 @@ def _check_model(model: pm.Model) -> None:
             "continuous variables. Marginalise them out (e.g. pymc_extras.marginalize) or "
             "use pm.sample, which assigns a discrete step method to them."
         )
+    for rv in model.observed_RVs:
+        _check_observed(rv.name, rv, model.rvs_to_values[rv])
+
+
+def _check_observed(name: str, rv: Variable, data: Variable) -> None:
+    """Observed data the log-density would silently get wrong: NaN (PyMC imputes missing
+    values only in NumPy/pandas data) and pm.Minibatch without ``total_size``."""
+    sources = [
+        v for v in ancestors([data]) if v.owner is None or isinstance(v.owner.op, MinibatchOp)
+    ]
+    if any(v.owner is not None for v in sources) and not isinstance(
+        rv.owner.op, MinibatchRandomVariable
+    ):
+        raise ModelNotSupportedError(
+            f"Observed variable {name!r} uses pm.Minibatch data but has no total_size, so "
+            "its log-likelihood, and the free energy, would be on the minibatch scale. Pass "
+            f"total_size=<number of rows of the full data> to {name!r}."
+        )
+    for var in sources:
+        value = var.data if isinstance(var, pt.TensorConstant) else None
+        if isinstance(var, SharedVariable) and not isinstance(var.type, RandomGeneratorType):
+            value = var.get_value(borrow=True)
+        if value is not None and np.issubdtype(np.asarray(value).dtype, np.floating):
+            if np.isnan(value).any():
+                where = f" (in {var.name!r})" if var.name else ""
+                raise ModelNotSupportedError(
+                    f"The observed data of {name!r} contain NaN{where}. PyMC imputes missing "
+                    "values only in NumPy or pandas data passed as observed=; drop or impute "
+                    "the rows of pm.Minibatch or shared data."
+                )
 
 
 class BatchedTarget:
@@ -197,6 +231,21 @@ class BatchedTarget:
         logp, grad, _ = self.logp_and_grads(particles)
         return compile_pymc(
             [particles], [logp, grad], **compile_kwargs_for(backend, compile_kwargs)
+        )
+
+    def compile_logp(self, backend: str | None = None, compile_kwargs: dict | None = None):
+        """The batched log-density ``X (S, D) -> logp (S,)``, without the gradient."""
+        points = pt.matrix("points", dtype=self.dtype)
+        [logp] = vectorize_rows([self._logp], self._flat, points, what="log-density")
+        return compile_pymc([points], logp, **compile_kwargs_for(backend, compile_kwargs))
+
+    @cached_property
+    def minibatch(self) -> bool:
+        """Whether the log-density reads ``pm.Minibatch`` data (then it is a stochastic,
+        unbiased estimate of the full-data one)."""
+        return any(
+            var.owner is not None and isinstance(var.owner.op, MinibatchOp)
+            for var in ancestors([self._logp])
         )
 
     # ------------------------------------------------------------- coordinates, names

@@ -60,10 +60,8 @@ def regression_data():
     return x, y
 
 
-@pytest.fixture(scope="session")
-def regression_model(regression_data):
+def regression(x: np.ndarray, y: np.ndarray) -> pm.Model:
     """A small constrained regression (HalfNormal scale), with data and a deterministic."""
-    x, y = regression_data
     with pm.Model(coords={"obs": np.arange(len(x))}) as model:
         xd = pm.Data("x", x, dims="obs")
         intercept = pm.Normal("intercept", 0, 5)
@@ -72,6 +70,11 @@ def regression_model(regression_data):
         pm.Deterministic("sigma2", sigma**2)
         pm.Normal("y", intercept + slope * xd, sigma, observed=y, dims="obs")
     return model
+
+
+@pytest.fixture(scope="session")
+def regression_model(regression_data):
+    return regression(*regression_data)
 
 
 @pytest.fixture(scope="session")

@@ -107,7 +107,7 @@ def test_sampling_covariance_is_c(kind, n):
     x, _ = _cloud(n, d, seed=4)
     m = x.mean(0)
     z = x - m
-    draws = flow.sample_gaussian(m, z, structure, 400_000, np.random.default_rng(5))
+    draws = flow.gaussian_q(x, structure).sample(400_000, np.random.default_rng(5))
     cov = flow.covariance(z, structure)
     emp = np.cov(draws.T)
     scale = np.sqrt(np.outer(np.diag(cov), np.diag(cov)))

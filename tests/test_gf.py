@@ -203,47 +203,6 @@ def test_datatree_and_reproducibility(regression_model):
     np.testing.assert_array_equal(a.hist, c.hist)
 
 
-BAD = [
-    ({"rank": 0}, "rank must be an integer between 1 and D = 3"),
-    ({"rank": 4}, "rank must be an integer between 1 and D = 3"),
-    ({"rank": 2.0}, "rank must be an integer"),
-    ({"rank": 2, "structure": "diagonal"}, "rank applies to 'full' and block structures"),
-    ({"n_samples": 0}, r"n_samples must be an integer >= 1"),
-    ({"init_scale": 0.0}, "init_scale must be positive"),
-    ({"init_scale": float("nan")}, "init_scale must be a positive finite number"),
-    ({"init": "random"}, "init must be one of"),
-    ({"structure": "banded"}, "Unknown structure 'banded'"),
-]
-
-
-@pytest.mark.parametrize("kwargs,match", BAD)
-def test_bad_input(regression_model, kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        pymc_gpf.GF(model=regression_model, **kwargs)
-
-
-def test_divergence_keeps_the_last_finite_state(target):
-    """Plain descent on the factor is stable for eta < 2 / kappa (kappa = 10 here): a step of
-    1.5 diverges; the error names the variable and the state stays finite."""
-    with pytest.raises(pymc_gpf.DivergenceError, match=r"GF diverged at step \d+") as err:
-        _fit(target[2], 1000, learning_rate=1.5)
-    approx = err.value.approx
-    assert np.isfinite(approx.hist).all() and 0 < len(approx.hist) < 1000
-    assert np.isfinite(approx.mean.eval()).all() and np.isfinite(approx.factors[0]).all()
-
-
-def test_non_finite_start_and_discrete_variables():
-    with pm.Model() as wall:
-        x = pm.Normal("x", 0, 1, shape=2)
-        pm.Potential("wall", pt.switch(x[0] > 10.0, 0.0, -np.inf))
-    with pytest.raises(pymc_gpf.InitialPointError, match=r"draws of q.*\['wall'\].*init_scale"):
-        _fit(wall, 5)
-    with pm.Model() as discrete:
-        pm.Poisson("k", 3.0)
-    with pytest.raises(pymc_gpf.ModelNotSupportedError, match=r"\['k'\] are discrete"):
-        _fit(discrete, 5)
-
-
 def test_init_map_starts_both_gaussian_methods_at_the_map(regression_model):
     found = pm.find_MAP(
         model=regression_model, progressbar=False, jitter=False, return_inferencedata=True

@@ -1,5 +1,7 @@
 """pm.fit integration: registration, DataTree layout, callbacks, refine, seeds, backends."""
 
+import importlib
+
 import numpy as np
 import pymc as pm
 import pymc.variational.inference as pm_inference
@@ -21,6 +23,14 @@ def fitted(regression_model):
         inf_kwargs={"n_particles": 6},
         progressbar=False,
     )
+
+
+def test_importing_again_changes_nothing():
+    bindings = (pm.fit, pm.variational.fit, pm_inference.fit)
+    methods = dict(pymc_gpf.registry.METHODS)
+    importlib.reload(pymc_gpf)
+    assert (pm.fit, pm.variational.fit, pm_inference.fit) == bindings
+    assert pymc_gpf.registry.METHODS == methods
 
 
 def test_registration_is_idempotent_and_reversible():

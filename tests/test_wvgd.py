@@ -239,24 +239,6 @@ def test_datatree_reproducibility_and_refine(regression_model):
     np.testing.assert_array_equal(a.hist, c.hist)
 
 
-BAD = [
-    ({"n_particles": 0}, "n_particles must be an integer >= 1"),
-    ({"n_particles": 2.5}, "n_particles must be an integer"),
-    ({"n_samples": 0}, "n_samples must be an integer >= 1"),
-    ({"init_scale": -1.0}, "init_scale must be positive"),
-    ({"weight_memory": 0.5}, "weight_memory must be >= 1"),
-    ({"init": "random"}, "init must be one of"),
-    ({"initial_particles": np.zeros((2, 2))}, r"shape \(J, 3\)"),
-    ({"initial_particles": [[0.0, np.nan, 1.0]]}, "non-finite"),
-]
-
-
-@pytest.mark.parametrize("kwargs,match", BAD)
-def test_bad_input(regression_model, kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        pymc_gpf.WVGD(model=regression_model, **kwargs)
-
-
 def test_logistic_regression_bound_rises_with_particles():
     """The WVGD paper's §10.2 set-up on scikit-learn's iris (setosa vs rest, standardised,
     N(0, 1) priors), n = 50 random points, two subsets: more particles give a higher bound

@@ -13,7 +13,7 @@ import pytensor
 import pytensor.tensor as pt
 import xarray as xr
 
-from pymc_gpf.approximation import FlowApproximation
+from pymc_gpf.approximation import GaussianApproximation
 from pymc_gpf.datatree import settings_attrs
 from pymc_gpf.engine import (
     FitOptions,
@@ -23,7 +23,7 @@ from pymc_gpf.engine import (
     positive,
     transform_direction,
 )
-from pymc_gpf.gaussian import factor_logpdf
+from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gf import flow
 from pymc_gpf.structure import Structure, parse_structure
 
@@ -46,7 +46,7 @@ def default_rank(ndim: int) -> int:
     return MAX_DEFAULT_RANK
 
 
-class GFApproximation(FlowApproximation):
+class GFApproximation(GaussianApproximation):
     """The fitted GF: ``q = N(mu, Gamma Gamma^T)`` with ``Gamma`` block-diagonal as the
     structure says (a vector of scales for mean field).
 
@@ -116,31 +116,12 @@ class GFApproximation(FlowApproximation):
             return [np.arange(self.target.ndim)]
         return list(self.structure.blocks)
 
-    def _draw(self, draws, rng):
-        mean = self.shared_mean.get_value()
-        out = np.empty((draws, len(mean)), dtype=mean.dtype)
-        for f, b in zip(self.factors, self._blocks(), strict=True):
-            if f.ndim == 1:
-                out[:, b] = mean[b] + rng.standard_normal((draws, len(b))) * f
-            else:
-                out[:, b] = mean[b] + rng.standard_normal((draws, f.shape[1])) @ f.T
-        return out
+    def _why_singular(self) -> str:
+        return f"its factor Gamma has rank {self.inference.rank}"
 
-    def logq(self, points: np.ndarray) -> np.ndarray:
-        """``log q(x)`` for flat unconstrained points ``(S, D)`` (e.g. draws for importance
-        ratios ``log p - log q``). With a low-rank block q is degenerate: the density on its
-        affine support, ``-inf`` off it."""
-        points = np.atleast_2d(np.asarray(points, dtype=self.target.dtype))
-        if points.shape[-1] != self.target.ndim:
-            raise ValueError(
-                f"points must have {self.target.ndim} columns (flat unconstrained coordinates "
-                f"{self.target.labels}), got shape {points.shape}."
-            )
-        deviations = points - self.shared_mean.get_value()
-        total = np.zeros(len(points))
-        for f, b in zip(self.factors, self._blocks(), strict=True):
-            total += factor_logpdf(deviations[:, b], np.diag(f) if f.ndim == 1 else f)
-        return total
+    def gaussian(self) -> GaussianQ:
+        """The fitted ``q = N(mu, Gamma Gamma^T)`` (NumPy; degenerate when ``K < D``)."""
+        return GaussianQ(self.shared_mean.get_value(), tuple(self._blocks()), tuple(self.factors))
 
     def _method_group(self) -> xr.Dataset:
         labels = np.asarray(self.target.labels)
@@ -256,6 +237,16 @@ class GF(FlowInference):
             ]
         return GFApproximation(self, mean, factors)
 
+    def constructor_options(self) -> dict:
+        return {
+            "rank": None if self.rank is None else int(self.rank),
+            "n_samples": int(self.n_samples),
+            "structure": self._structure_option,
+            "natural_mean": self.natural_mean,
+            "init": self.init,
+            "init_scale": float(self.init_scale),
+        }
+
     def settings(self) -> dict:
         out = {
             "rank": self.rank,
@@ -281,7 +272,7 @@ class GF(FlowInference):
         points = mean + deviations
         logp, grad_logp, hyper = self.target.logp_and_grads(points, options.more_obj_params)
         grads = -grad_logp
-        eta1, eta2 = options.learning_rate
+        eta1, eta2 = self.learning_rates
         shift = flow.mean_direction(grads, factors, self.structure, self.natural_mean)
         shift, updates = transform_direction(options.chain(), shift, mean.type.shape, "gf_mean")
         new_mean = (mean - eta1 * shift).astype(mean.dtype)

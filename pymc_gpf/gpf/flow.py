@@ -6,7 +6,8 @@ written in PyTensor so the method can fuse them into one compiled step. Notation
 ``C = Z^T Z / N`` (the biased 1/N covariance, as in the paper). No function forms a ``D x D``
 matrix when ``N <= D``: everything goes through the ``N x N`` Gram matrix ``Z Z^T``.
 
-Sampling (eq. 16 with the typo fixed: the noise is one *scalar* per particle) is NumPy.
+The fitted q and its draws (eq. 16 with the typo fixed: the noise is one *scalar* per
+particle) are NumPy.
 """
 
 from __future__ import annotations
@@ -16,17 +17,17 @@ import pytensor.tensor as pt
 
 from pytensor.graph.basic import Variable
 
-from pymc_gpf.gaussian import LOG_2PI_E, logdet_spd
+from pymc_gpf.gaussian import LOG_2PI_E, GaussianQ, logdet_spd
 from pymc_gpf.structure import Structure, assemble_columns, take_columns
 
 __all__ = [
     "centre",
     "covariance",
     "free_energy",
+    "gaussian_q",
     "linear_flow",
     "log_pseudo_det",
     "mean_shift",
-    "sample_gaussian",
 ]
 
 
@@ -123,21 +124,15 @@ def covariance(deviations: np.ndarray, structure: Structure) -> np.ndarray:
     return cov if structure.kind == "full" else cov * structure.mask()
 
 
-def sample_gaussian(
-    mean: np.ndarray,
-    deviations: np.ndarray,
-    structure: Structure,
-    draws: int,
-    rng: np.random.Generator,
-) -> np.ndarray:
-    """Draws from ``q = N(m, C)`` without factorising ``C`` (eq. 16, corrected):
-    ``x = m + Z^T xi / sqrt(N)`` with one scalar ``xi_i ~ N(0, 1)`` per particle, drawn
-    independently for every block. Shape ``(draws, D)``."""
-    n, d = deviations.shape
+def gaussian_q(particles: np.ndarray, structure: Structure) -> GaussianQ:
+    """``q = N(m, C)`` of the particles, sampled without factorising ``C`` (eq. 16,
+    corrected): ``x = m + Z_b^T xi / sqrt(N)`` with one *scalar* ``xi_i ~ N(0, 1)`` per
+    particle, drawn independently for every block; mean field: ``m + sd * xi``."""
+    mean = particles.mean(axis=0)
+    z = particles - mean
     if structure.diagonal:
-        return mean + rng.standard_normal((draws, d)) * np.sqrt(np.mean(deviations**2, axis=0))
-    out = np.empty((draws, d), dtype=deviations.dtype)
-    for b in structure.blocks:
-        xi = rng.standard_normal((draws, n))
-        out[:, b] = mean[b] + xi @ deviations[:, b] / np.sqrt(n)
-    return out
+        return GaussianQ(mean, (np.arange(len(mean)),), (np.sqrt(np.mean(z**2, axis=0)),))
+    n = len(particles)
+    return GaussianQ(
+        mean, structure.blocks, tuple(z[:, b].T / np.sqrt(n) for b in structure.blocks)
+    )

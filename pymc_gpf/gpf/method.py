@@ -14,8 +14,9 @@ import pytensor
 import pytensor.tensor as pt
 import xarray as xr
 
-from pymc_gpf.approximation import FlowApproximation
+from pymc_gpf.approximation import GaussianApproximation
 from pymc_gpf.engine import FitOptions, FlowInference, StepGraph, is_integer, transform_direction
+from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gpf import flow
 from pymc_gpf.structure import Structure, parse_structure
 
@@ -41,7 +42,7 @@ def default_n_particles(ndim: int) -> int:
     return n
 
 
-class GPFApproximation(FlowApproximation):
+class GPFApproximation(GaussianApproximation):
     """The fitted GPF: ``N`` particles, read as the Gaussian ``q = N(m, C)`` they define.
 
     ``mean``, ``std`` and ``cov`` are PyTensor expressions of the particles in flat
@@ -82,10 +83,13 @@ class GPFApproximation(FlowApproximation):
         cov = pt.dot(z.T, z) / z.shape[0]
         return cov if self.structure.kind == "full" else cov * self.structure.mask()
 
-    def _draw(self, draws, rng):
-        x = self.particles
-        m = x.mean(axis=0)
-        return flow.sample_gaussian(m, x - m, self.structure, draws, rng)
+    def gaussian(self) -> GaussianQ:
+        """The fitted ``q = N(m, C)`` (NumPy; degenerate when ``N <= D``)."""
+        return flow.gaussian_q(self.particles, self.structure)
+
+    def _why_singular(self) -> str:
+        n = len(self.particles)
+        return f"{n} particles span at most {n - 1} directions"
 
     def _method_group(self) -> xr.Dataset:
         return self._points_dataset(self.particles, "particle", self.inference.settings())
@@ -197,6 +201,15 @@ class GPF(FlowInference):
             )
         return particles
 
+    def constructor_options(self) -> dict:
+        return {
+            "n_particles": int(self.n_particles),
+            "structure": self._structure_option,
+            "natural_mean": self.natural_mean,
+            "init": self.init,
+            "jitter": float(self.jitter),
+        }
+
     def settings(self) -> dict:
         out = {
             "n_particles": self.n_particles,
@@ -225,7 +238,7 @@ class GPF(FlowInference):
         linear, up_linear = transform_direction(
             options.chain(particle_axes=(0,)), linear, (n, d), "gpf_linear"
         )
-        eta1, eta2 = options.learning_rate
+        eta1, eta2 = self.learning_rates
         new = (particles - eta1 * shift - eta2 * linear).astype(shared.dtype)
         return StepGraph(
             free_energy=flow.free_energy(logp, deviations, self.structure),

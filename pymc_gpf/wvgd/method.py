@@ -104,13 +104,8 @@ class WVGDApproximation(FlowApproximation):
         ``q_j`` (relative error ``sqrt((1 - Z_j) / (Z_j n_draws))``; exact for one particle)."""
         from pymc_gpf.engine import seed_sequence
 
-        points = np.atleast_2d(np.asarray(points, dtype=self.target.dtype))
+        points = self._check_points(points)
         particles, means, scales = self.particles, self.local_means, self.local_scales
-        if points.shape[-1] != particles.shape[1]:
-            raise ValueError(
-                f"points must have {particles.shape[1]} columns (flat unconstrained coordinates "
-                f"{self.target.labels}), got shape {points.shape}."
-            )
         rng = np.random.default_rng(seed_sequence(random_seed))
         log_z = np.empty(len(particles))
         for j in range(len(particles)):
@@ -121,6 +116,14 @@ class WVGDApproximation(FlowApproximation):
         local = -0.5 * np.sum(z**2 + LOG_2PI, axis=1) - np.sum(np.log(scales[cell]), axis=1)
         with np.errstate(divide="ignore"):
             return np.log(self.cell_weights[cell]) + local - log_z[cell]
+
+    def proposal(self, ridge, rng):
+        if ridge is not None:
+            raise ValueError(
+                "regularize applies to a degenerate Gaussian q (GPF, GF); WVGD's mixture of "
+                "local Gaussians always has a density."
+            )
+        return _MixtureProposal(self, rng), None
 
     def _draw(self, draws, rng):
         particles, means, scales = self.particles, self.local_means, self.local_scales
@@ -176,6 +179,20 @@ def _running_log_mean(log_sum, count, new_log, keep, decay):
     top = pt.maximum(log_sum + np.log(decay), new_log)
     summed = top + pt.log(pt.exp(log_sum + np.log(decay) - top) + pt.exp(new_log - top))
     return pt.switch(keep, summed, log_sum), pt.switch(keep, decay * count + 1.0, count)
+
+
+class _MixtureProposal:
+    """WVGD's q for importance sampling: draws and density of the mixture, the cell
+    normalisers of the density estimated from the caller's random stream."""
+
+    def __init__(self, approx: WVGDApproximation, rng: np.random.Generator):
+        self.approx, self.rng = approx, rng
+
+    def sample(self, draws: int, rng: np.random.Generator) -> np.ndarray:
+        return self.approx._draw(draws, rng)
+
+    def logpdf(self, points: np.ndarray) -> np.ndarray:
+        return self.approx.logq(points, random_seed=self.rng)
 
 
 class WVGD(FlowInference):
@@ -271,6 +288,15 @@ class WVGD(FlowInference):
         particles = (centre + spread).astype(self.target.dtype)
         return WVGDApproximation(self, particles, scale)
 
+    def constructor_options(self) -> dict:
+        return {
+            "n_particles": int(self.n_particles),
+            "n_samples": int(self.n_samples),
+            "init_scale": float(self.init_scale),
+            "init": self.init,
+            "weight_memory": float(self.weight_memory),
+        }
+
     def settings(self) -> dict:
         out = {
             "n_particles": self.n_particles,
@@ -312,7 +338,7 @@ class WVGD(FlowInference):
         elbos = pt.switch(has, flow.cell_elbos(logp, logq, accepted), a.shared_elbos)
         weights = cell_weights(log_mass, count)
 
-        eta1, eta2 = options.learning_rate
+        eta1, eta2 = self.learning_rates
         updates = {
             a.shared_log_mass: log_mass,
             a.shared_mass_count: count,
@@ -334,7 +360,9 @@ class WVGD(FlowInference):
             # a cell without accepted draws keeps its particle and local Gaussian this step
             updates[var] = pt.switch(has[:, None], var - eta * direction, var).astype(var.dtype)
         return StepGraph(
-            free_energy=-flow.mixture_elbo(elbos, weights),
+            # with no accepted draw in any cell the bound is stale and nothing can move
+            # (e.g. local Gaussians thrown far off by a too-large step): a divergence
+            free_energy=pt.switch(pt.any(has), -flow.mixture_elbo(elbos, weights), np.nan),
             points=points,
             logp=logp.reshape((j * m,)),
             grad=grad_logp.reshape((j * m, d)),

@@ -1,0 +1,270 @@
+"""Is the fit good enough? Pareto k̂ of the importance ratios, the evidence bound, PSIS draws.
+
+Yao, Vehtari, Simpson & Gelman (2018), "Yes, but did it work?": draw ``x_s ~ q`` and form the
+importance ratios ``log r_s = log p(x_s, y) - log q(x_s)``. The shape ``k̂`` of a generalised
+Pareto fit to the largest ratios (Pareto-smoothed importance sampling, Vehtari et al. 2024)
+says how far q is from the posterior in the way that matters for expectations: below
+``min(1 - 1/log10 S, 0.7)`` (ArviZ's threshold) importance sampling with q is reliable and q is
+close to the posterior; above it q misses mass (usually its tails are too light); above 1 it
+is far off. The same draws give the ELBO ``mean log r`` with its Monte Carlo error and the
+importance-weighted evidence estimate ``log mean r``.
+
+Everything happens in the model's flat unconstrained space, where q lives and ``log p``
+includes the log-Jacobian, so the ratios are those of the posterior PyMC samples with NUTS.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import xarray as xr
+
+from arviz_stats.base import array_stats
+from scipy.special import logsumexp
+
+from pymc_gpf.engine import seed_sequence
+
+if TYPE_CHECKING:
+    from pymc_gpf.approximation import FlowApproximation
+
+__all__ = ["Diagnosis", "diagnose", "khat_threshold"]
+
+KHAT_VERY_BAD = 1.0
+
+
+def khat_threshold(draws: int) -> float:
+    """ArviZ's (Vehtari et al. 2024) sample-size dependent threshold for a good k̂."""
+    return float(min(1.0 - 1.0 / np.log10(draws), 0.7))
+
+
+@dataclass(frozen=True, eq=False)
+class Diagnosis:
+    """The importance ratios of ``draws`` draws of q, and what they say.
+
+    ``points`` are the draws (flat unconstrained, ``(S, D)``), ``log_p``/``log_q`` their
+    log-densities, ``log_weights`` the Pareto-smoothed, normalised log importance weights.
+    ``undefined`` explains why k̂ and the ELBO could not be computed (a degenerate q), else
+    ``None``; ``ridge`` is the variance a regularised q gave the directions a degenerate q
+    lacks.
+    """
+
+    method: str
+    points: np.ndarray
+    log_p: np.ndarray
+    log_q: np.ndarray
+    log_weights: np.ndarray
+    pareto_k: float
+    ridge: float | None = None
+    undefined: str | None = None
+    minibatch: bool = False
+
+    @property
+    def n_draws(self) -> int:
+        return len(self.log_p)
+
+    @property
+    def threshold(self) -> float:
+        return khat_threshold(self.n_draws)
+
+    @property
+    def log_ratios(self) -> np.ndarray:
+        return self.log_p - self.log_q
+
+    @property
+    def elbo(self) -> float:
+        """``E_q[log p - log q]``: the evidence lower bound (full-data scale)."""
+        return float(np.mean(self.log_ratios)) if self.undefined is None else float("nan")
+
+    @property
+    def elbo_mcse(self) -> float:
+        """Monte Carlo standard error of :attr:`elbo`."""
+        if self.undefined is not None:
+            return float("nan")
+        return float(np.std(self.log_ratios, ddof=1) / np.sqrt(self.n_draws))
+
+    @property
+    def log_evidence(self) -> float:
+        """``log mean_s r_s``: the importance-sampling estimate of ``log p(y)`` (a tighter
+        stochastic lower bound than the ELBO; trustworthy only when k̂ is good)."""
+        if self.undefined is not None:
+            return float("nan")
+        return float(logsumexp(self.log_ratios) - np.log(self.n_draws))
+
+    @property
+    def ess(self) -> float:
+        """Effective sample size of the smoothed importance weights."""
+        if self.undefined is not None:
+            return float("nan")
+        return float(1.0 / np.sum(np.exp(2.0 * self.log_weights)))
+
+    @property
+    def verdict(self) -> str:
+        """The diagnosis in plain language."""
+        if self.undefined is not None:
+            return f"undefined: {self.undefined}"
+        k, limit = self.pareto_k, self.threshold
+        if k == -np.inf:
+            text = "exact (constant importance ratios): q is the posterior"
+        elif k < limit:
+            text = (
+                f"good (k̂ = {k:.2f} < {limit:.2f}): q is close to the posterior where it "
+                "matters; importance sampling with q is reliable"
+            )
+            if k >= 0.5:
+                text += " (0.5 ≤ k̂: q is not exact, so prefer PSIS-corrected draws)"
+        elif k < KHAT_VERY_BAD:
+            text = (
+                f"bad (k̂ = {k:.2f} ≥ {limit:.2f}): q misses part of the posterior, usually "
+                "its tails; means may be usable but standard deviations and tail "
+                "probabilities are not, and importance sampling cannot fix it reliably. Try "
+                "more particles, full rank, or NUTS"
+            )
+        else:
+            text = (
+                f"very bad (k̂ = {k:.2f} ≥ 1): q is far from the posterior; do not trust its "
+                "estimates. Check the fit converged, try a richer q, or use NUTS"
+            )
+        if self.ridge is not None:
+            text += f" [for the regularised q with variance {self.ridge:.3g} added off C's range]"
+        if self.minibatch:
+            text += (
+                " [log p uses pm.Minibatch data, so the ratios are noisy estimates and k̂ is "
+                "pessimistic]"
+            )
+        return text + "."
+
+    def __str__(self) -> str:
+        lines = [
+            f"{self.method.upper()} diagnosis from {self.n_draws} draws of q:",
+            f"  Pareto k̂      {self.pareto_k:.3f} (good below {self.threshold:.2f})",
+            f"  ELBO          {self.elbo:.4f} ± {self.elbo_mcse:.4f} (Monte Carlo se)",
+            f"  log p(y) (IS) {self.log_evidence:.4f}",
+            f"  PSIS ESS      {self.ess:.0f}",
+            f"  verdict: {self.verdict}",
+        ]
+        return "\n".join(lines)
+
+    def to_dataset(self) -> xr.Dataset:
+        """The numbers as variables of a method group (``log_p``/``log_q`` on
+        ``diagnostic_draw``, so a later importance-sampling analysis needs no new draws)."""
+        scalars = {
+            "pareto_k": self.pareto_k,
+            "elbo": self.elbo,
+            "elbo_mcse": self.elbo_mcse,
+            "log_evidence_is": self.log_evidence,
+            "psis_ess": self.ess,
+        }
+        data = {name: ((), value) for name, value in scalars.items()}
+        data["log_p"] = ("diagnostic_draw", self.log_p)
+        data["log_q"] = ("diagnostic_draw", self.log_q)
+        attrs = {
+            "diagnosis": self.verdict,
+            "khat_threshold": self.threshold,
+            "diagnosis_ridge": "none" if self.ridge is None else self.ridge,
+        }
+        return xr.Dataset(data, attrs=attrs)
+
+    def resample(self, draws: int, rng: np.random.Generator) -> np.ndarray:
+        """``draws`` points drawn with replacement with probabilities the smoothed weights
+        (sampling-importance-resampling): approximately posterior draws when k̂ is good."""
+        if self.undefined is not None:
+            raise ValueError(
+                f"PSIS needs a density for q, but {self.undefined}. Pass regularize=True."
+            )
+        if self.pareto_k >= self.threshold:
+            warnings.warn(
+                f"Pareto k̂ = {self.pareto_k:.2f} ≥ {self.threshold:.2f}: the PSIS-corrected "
+                "draws are not reliable.",
+                UserWarning,
+                stacklevel=3,
+            )
+        probabilities = np.exp(self.log_weights - logsumexp(self.log_weights))
+        return self.points[rng.choice(self.n_draws, size=draws, p=probabilities)]
+
+
+def _regularize_option(regularize) -> bool | float | None:
+    if regularize is None or regularize is False:
+        return None
+    if regularize is True:
+        return True
+    if isinstance(regularize, bool | str) or not np.isfinite(regularize) or regularize <= 0:
+        raise ValueError(
+            "regularize must be True (the smallest fitted variance) or a positive variance "
+            f"for the directions a degenerate q lacks, got {regularize!r}."
+        )
+    return float(regularize)
+
+
+def diagnose(
+    approx: FlowApproximation,
+    draws: int = 4000,
+    *,
+    random_seed=None,
+    regularize: bool | float | None = None,
+) -> Diagnosis:
+    """Pareto k̂, ELBO and evidence estimate of a fitted approximation from ``draws`` draws.
+
+    For GPF and GF q is the Gaussian ``N(m, C)``; when C is singular (GPF with ``N <= D``
+    particles, GF with rank ``K < D``) q has no density on ``R^D`` and k̂ is undefined:
+    ``regularize=True`` diagnoses instead the proper Gaussian ``N(m, C + lam (I - P))``, P the
+    projector on C's range, with ``lam`` the smallest non-zero eigenvalue of C (a float sets
+    ``lam``). It keeps every fitted direction and is at least as wide as a Gaussian
+    posterior in the missing ones (by Theorem 3 the eigenvalues GPF leaves out are the
+    smallest), so its ratios are a sound importance-sampling check of the fit. For WVGD q
+    is the mixture of truncated local Gaussians (its normalisers estimated by Monte Carlo).
+
+    The result is also kept as ``approx.diagnosis``, so ``approx.sample()`` stores its
+    numbers in the method's DataTree group.
+    """
+    from pymc_gpf.engine import is_integer
+
+    if not is_integer(draws, 10):
+        raise ValueError(f"draws must be an integer >= 10, got {draws!r}.")
+    ridge = _regularize_option(regularize)
+    rng = np.random.default_rng(seed_sequence(random_seed))
+    q, undefined = approx.proposal(ridge, rng)
+    points = q.sample(int(draws), rng)
+    log_q = q.logpdf(points)
+    log_p = approx.log_density(points)
+    name = approx.inference.name
+    if undefined is not None:
+        diagnosis = Diagnosis(
+            name,
+            points,
+            log_p,
+            log_q,
+            np.full(len(log_p), -np.log(len(log_p))),
+            float("nan"),
+            undefined=undefined,
+            minibatch=approx.target.minibatch,
+        )
+    else:
+        log_ratios = np.where(np.isnan(log_p), -np.inf, log_p) - log_q
+        if not np.isfinite(log_ratios).any():
+            raise FloatingPointError(
+                f"log p is not finite at any of the {draws} draws of q: the fit is outside "
+                "the posterior's support."
+            )
+        finite = log_ratios[np.isfinite(log_ratios)]
+        if np.ptp(finite) <= 1e-9 * max(1.0, abs(finite[0])):
+            # constant ratios: q is the posterior (up to its normaliser); no tail to fit
+            log_weights, k = np.full(len(log_ratios), -np.log(len(log_ratios))), -np.inf
+        else:
+            # arviz-stats smooths the ratios of -ary (LOO convention: ary = log-likelihood)
+            log_weights, k = array_stats.psislw(-log_ratios, r_eff=1.0)
+        diagnosis = Diagnosis(
+            name,
+            points,
+            log_p,
+            log_q,
+            np.asarray(log_weights),
+            float(k),
+            ridge=getattr(q, "ridge", None),
+            minibatch=approx.target.minibatch,
+        )
+    approx.diagnosis = diagnosis
+    return diagnosis

@@ -1,0 +1,215 @@
+"""Save a fit to a netCDF or zarr DataTree and load it back to continue, without pickle.
+
+The saved tree is an ordinary ArviZ DataTree (``posterior`` draws if asked for, ``fit`` with
+the free-energy trace on ``step``, the method's group) plus a ``checkpoint`` group holding
+every array of the fit's state — particles or parameters, optimiser moments, the divergence
+guard's last good state, the step sizes, learnt hyperparameters — and, as JSON attributes,
+the constructor options, the fit keywords, the step count and the state of the random
+stream. :func:`load` rebuilds the same inference on the user's model (the model itself is
+code and is not saved), compiles the same step and restores that state, so ``refine(n)``
+continues exactly as an uninterrupted run with the same seed would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pymc as pm
+import xarray as xr
+
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.traversal import ancestors
+
+from pymc_gpf.optimizers import OPTIMIZERS, Optimizer
+
+if TYPE_CHECKING:
+    from pymc_gpf.approximation import FlowApproximation
+    from pymc_gpf.engine import FlowInference
+
+__all__ = ["load", "save", "to_datatree"]
+
+GROUP = "checkpoint"
+FORMAT = 1
+NETCDF = {"engine": "h5netcdf"}
+ZARR = {"consolidated": False}  # consolidated metadata is not part of zarr format 3
+_OPTIMIZER_CLASSES = {cls.__name__: cls for cls in OPTIMIZERS.values()}
+
+
+# --------------------------------------------------------------------------- saving
+def _optimizer_json(optimizer: Optimizer) -> dict:
+    if _OPTIMIZER_CLASSES.get(type(optimizer).__name__) is not type(optimizer):
+        raise ValueError(
+            f"Cannot save a fit using the custom optimizer {optimizer!r}: only "
+            f"pymc_gpf.optimizers' {sorted(_OPTIMIZER_CLASSES)} can be restored."
+        )
+    return {"class": type(optimizer).__name__, "fields": dataclasses.asdict(optimizer)}
+
+
+def _json(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value)
+    except TypeError:
+        raise ValueError(f"Cannot save {what} {value!r}: it is not JSON-serialisable.") from None
+
+
+def _checkpoint(inference: FlowInference) -> xr.Dataset:
+    if inference.state is None:
+        raise ValueError("Nothing to save yet: fit first (pm.fit(...) or inference.fit(n)).")
+    options = inference.fit_options
+    fit = {
+        "learning_rate": list(options.learning_rate),
+        "optimizer": _optimizer_json(options.optimizer),
+        "clip_norm": options.clip_norm,
+        "backend": options.backend,
+        "compile_kwargs": options.compile_kwargs,
+        "include_transformed": options.include_transformed,
+    }
+    seed = inference.random_seed
+    arrays = {
+        key: xr.DataArray(
+            np.asarray(var.get_value()), dims=[f"{key}_dim{i}" for i in range(var.ndim)]
+        )
+        for key, var in inference.state_vars.items()
+    }
+    attrs = {
+        "format": FORMAT,
+        "method": inference.name,
+        "options": _json(inference.constructor_options(), "the constructor options"),
+        "fit": _json(fit, "the fit keywords"),
+        "hyperparameters": _json([p.name for p in options.more_obj_params], "names"),
+        "step": int(inference.state.i),
+        "random_seed": _json(seed if isinstance(seed, int | list | None) else None, "seed"),
+        "noise_rng": _json(inference.noise_rng.get_value().bit_generator.state, "rng state"),
+        "flat_coordinates": _json(inference.target.labels, "labels"),
+    }
+    return xr.Dataset(arrays, attrs=attrs)
+
+
+def to_datatree(approx: FlowApproximation, draws: int = 0, random_seed=None) -> xr.DataTree:
+    """The fit as a DataTree: ``approx.sample(draws)``'s groups (no ``posterior`` when
+    ``draws=0``) plus the ``checkpoint`` group :func:`load` needs."""
+    from pymc_gpf.datatree import build_datatree
+
+    checkpoint = _checkpoint(approx.inference)
+    if draws:
+        tree = approx.sample(draws, random_seed=random_seed)
+    else:
+        tree = build_datatree(
+            approx.model,
+            None,
+            free_energy=approx.hist,
+            method=approx.inference.name,
+            method_group=approx.method_group(),
+        )
+    tree[GROUP] = xr.DataTree(checkpoint)
+    return tree
+
+
+def save(approx: FlowApproximation, path: str | Path, draws: int = 0, random_seed=None) -> Path:
+    """Write the fit to ``path``: zarr if it ends in ``.zarr``, netCDF (HDF5) otherwise."""
+    path = Path(path)
+    tree = to_datatree(approx, draws, random_seed)
+    if path.suffix == ".zarr":
+        _require_zarr()
+        tree.to_zarr(path, mode="w", **ZARR)
+    else:
+        tree.to_netcdf(path, **NETCDF)
+    return path
+
+
+def _require_zarr() -> None:
+    try:
+        import zarr  # noqa: F401
+    except ImportError:
+        raise ImportError(
+            "A .zarr store needs the zarr package: pip install 'pymc-gpf[zarr]' (or save to "
+            "a netCDF file, e.g. 'fit.nc')."
+        ) from None
+
+
+# -------------------------------------------------------------------------- loading
+def _open(source: str | Path | xr.DataTree) -> xr.DataTree:
+    if isinstance(source, xr.DataTree):
+        return source
+    path = Path(source)
+    if path.suffix == ".zarr":
+        _require_zarr()
+    options = {"engine": "zarr", **ZARR} if path.suffix == ".zarr" else NETCDF
+    with xr.open_datatree(path, **options) as tree:
+        return tree.load().copy()
+
+
+def _hyperparameters(model: pm.Model, names: list[str | None]) -> list[SharedVariable]:
+    """The model's shared variables learnt by ``more_obj_params``, found by name."""
+    if not names:
+        return []
+    shared = {var.name: var for var in ancestors([model.logp()]) if isinstance(var, SharedVariable)}
+    missing = [name for name in names if name not in shared]
+    if missing:
+        raise ValueError(
+            f"The fit learnt the hyperparameters {names} (more_obj_params), but the model has "
+            f"no named shared variable(s) {missing} in its log-density. Build the model with "
+            "the same pytensor.shared(..., name=...) variables to continue the fit."
+        )
+    return [shared[name] for name in names]
+
+
+def load(source: str | Path | xr.DataTree, model: pm.Model | None = None) -> FlowApproximation:
+    """Rebuild a saved fit on ``model`` (the model it was fitted to, rebuilt by the same
+    code; default: the model in context) and return its approximation, ready for
+    ``refine(n)``, ``sample()`` and :func:`pymc_gpf.diagnose`. Learnt hyperparameters
+    (``more_obj_params``) are written back into the model's shared variables of the same
+    names, as the fit had left them."""
+    from pymc_gpf.registry import METHODS
+
+    tree = _open(source)
+    if GROUP not in tree.children:
+        raise ValueError(
+            f"This DataTree has no {GROUP!r} group, so it cannot be continued; save fits "
+            "with approx.save(path) (approx.sample() keeps draws only)."
+        )
+    checkpoint = tree[GROUP].to_dataset()
+    attrs = checkpoint.attrs
+    if int(attrs["format"]) != FORMAT:
+        raise ValueError(f"Unknown checkpoint format {attrs['format']} (this is {FORMAT}).")
+    model = pm.modelcontext(model)
+    inference = METHODS[attrs["method"]].from_options(model, json.loads(attrs["options"]))
+    labels = json.loads(attrs["flat_coordinates"])
+    if inference.target.labels != labels:
+        raise ValueError(
+            f"The saved fit is for a model with coordinates {labels}, but this model has "
+            f"{inference.target.labels}. Load it with the model it was fitted to."
+        )
+    fit = json.loads(attrs["fit"])
+    optimizer = fit["optimizer"]
+    inference.fit(
+        0,
+        progressbar=False,
+        learning_rate=tuple(fit["learning_rate"]),
+        optimizer=_OPTIMIZER_CLASSES[optimizer["class"]](**optimizer["fields"]),
+        clip_norm=fit["clip_norm"],
+        more_obj_params=_hyperparameters(model, json.loads(attrs["hyperparameters"])),
+        backend=fit["backend"],
+        compile_kwargs=fit["compile_kwargs"],
+        include_transformed=fit["include_transformed"],
+    )
+    expected, saved = set(inference.state_vars), set(checkpoint.data_vars)
+    if expected != saved:
+        raise ValueError(
+            f"The checkpoint does not match this version of pymc-gpf's {attrs['method']} "
+            f"state: missing {sorted(expected - saved)}, unexpected {sorted(saved - expected)}."
+        )
+    for key, var in inference.state_vars.items():
+        var.set_value(checkpoint[key].values.astype(var.dtype))
+    inference.hist = np.asarray(tree["fit"]["free_energy"].values, dtype=float)
+    inference.state = inference.state._replace(i=int(attrs["step"]))
+    inference.random_seed = json.loads(attrs["random_seed"])
+    rng = np.random.default_rng()
+    rng.bit_generator.state = json.loads(attrs["noise_rng"])
+    inference.noise_rng.set_value(rng, borrow=True)
+    return inference.approx

@@ -1,0 +1,135 @@
+"""Save and load: a fit written to netCDF or zarr and loaded on a freshly built model
+continues with ``refine`` exactly as an uninterrupted run with the same seed."""
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+import pytest
+import xarray as xr
+
+from conftest import regression
+
+import pymc_gpf
+
+from pymc_gpf.optimizers import Adam
+
+CASES = [
+    # dimension-wise Adam: its moments are part of the state that must survive
+    ("gpf", {"n_particles": 5}, {"optimizer": "adam", "learning_rate": 0.01}),
+    ("gf", {"n_samples": 5}, {"learning_rate": 1e-3}),  # draws: the random stream too
+    ("wvgd", {"n_particles": 3}, {}),  # running cell weights, Adam
+]
+
+
+def _fit(model, n, method, inf_kwargs, fit_kwargs):
+    return pm.fit(
+        n,
+        method=method,
+        model=model,
+        inf_kwargs=inf_kwargs,
+        random_seed=11,
+        progressbar=False,
+        **fit_kwargs,
+    )
+
+
+def _assert_same_fit(a, b):
+    for x, y in zip(a.params, b.params, strict=True):
+        np.testing.assert_array_equal(x.get_value(), y.get_value())
+    np.testing.assert_array_equal(a.hist, b.hist)
+    assert a.inference.state.i == b.inference.state.i == len(a.hist)
+
+
+@pytest.mark.parametrize("method,inf_kwargs,fit_kwargs", CASES, ids=[c[0] for c in CASES])
+def test_a_loaded_fit_continues_exactly(tmp_path, regression_data, method, inf_kwargs, fit_kwargs):
+    whole = _fit(regression(*regression_data), 60, method, inf_kwargs, fit_kwargs)
+    part = _fit(regression(*regression_data), 30, method, inf_kwargs, fit_kwargs)
+    path = part.save(tmp_path / "fit.nc", draws=25, random_seed=1)
+    loaded = pymc_gpf.load(path, model=regression(*regression_data))
+    assert type(loaded) is type(part) and loaded.inference.settings() == part.inference.settings()
+    loaded.refine(30)
+    _assert_same_fit(loaded, whole)
+    draws = [a.sample(10, random_seed=4)["posterior"]["slope"].values for a in (loaded, whole)]
+    np.testing.assert_array_equal(*draws)
+    saved = xr.open_datatree(path, engine="h5netcdf")
+    assert saved["posterior"]["sigma"].shape == (1, 25)
+    np.testing.assert_array_equal(saved["fit"]["free_energy"].values, part.hist)
+    saved.close()
+
+
+def test_zarr_and_in_memory_round_trips(tmp_path, regression_data):
+    method, inf_kwargs, fit_kwargs = CASES[0]
+    whole = _fit(regression(*regression_data), 40, method, inf_kwargs, fit_kwargs)
+    part = _fit(regression(*regression_data), 20, method, inf_kwargs, fit_kwargs)
+    tree = part.to_datatree()
+    assert "posterior" not in tree.children and "checkpoint" in tree.children
+    for source in (part.save(tmp_path / "fit.zarr"), tree):
+        loaded = pymc_gpf.load(source, model=regression(*regression_data))
+        loaded.refine(20)
+        _assert_same_fit(loaded, whole)
+
+
+def _hierarchy(y):
+    log_sigma = pytensor.shared(0.0, name="log_sigma")
+    with pm.Model() as model:
+        w = pm.Normal("w", 0, pt.exp(log_sigma), shape=len(y))
+        pm.Normal("y", w, 1.0, observed=y)
+    return model, log_sigma
+
+
+def test_learnt_hyperparameters_are_restored(tmp_path):
+    """more_obj_params (type-II ML of log_sigma, as tests/test_models.py): the loaded fit
+    writes the learnt value into the new model's shared variable and continues exactly."""
+    y = np.random.default_rng(4).normal(0, np.sqrt(5.0), 20)
+    fits = []
+    for n in (40, 20):
+        model, log_sigma = _hierarchy(y)
+        fits.append(
+            pm.fit(
+                n,
+                method="gpf",
+                model=model,
+                random_seed=6,
+                inf_kwargs={"natural_mean": True},
+                learning_rate=0.01,
+                more_obj_params=[log_sigma],
+                progressbar=False,
+            )
+        )
+        fits[-1].log_sigma = log_sigma
+    whole, part = fits
+    path = part.save(tmp_path / "fit.nc")
+    model, log_sigma = _hierarchy(y)
+    loaded = pymc_gpf.load(path, model=model)
+    assert log_sigma.get_value() == part.log_sigma.get_value() != 0.0
+    loaded.refine(20)
+    _assert_same_fit(loaded, whole)
+    assert log_sigma.get_value() == whole.log_sigma.get_value()
+    model, _ = _hierarchy(y)
+    with pm.Model() as other:
+        pm.Normal("w", 0, 1, shape=len(y))
+    with pytest.raises(ValueError, match=r"no named shared variable\(s\) \['log_sigma'\]"):
+        pymc_gpf.load(path, model=other)
+
+
+def test_clear_errors(tmp_path, regression_model, regression_data):
+    approx = _fit(regression(*regression_data), 5, *CASES[0])
+    path = approx.save(tmp_path / "fit.nc")
+    with pm.Model() as other:
+        pm.Normal("intercept", 0, 5)
+        pm.Normal("slope", 0, 5)
+    with pytest.raises(ValueError, match=r"coordinates \['intercept', 'slope', 'sigma_log__'\]"):
+        pymc_gpf.load(path, model=other)
+    with pytest.raises(ValueError, match=r"no .checkpoint. group.*approx\.save"):
+        pymc_gpf.load(approx.sample(5), model=regression_model)
+    with pytest.raises(ValueError, match="Nothing to save yet: fit first"):
+        pymc_gpf.GPF(4, model=regression_model).approx.save(tmp_path / "empty.nc")
+
+    class Custom(Adam):
+        pass
+
+    custom = pymc_gpf.GPF(4, model=regression_model, random_seed=1)
+    custom.fit(2, optimizer=Custom(), progressbar=False)
+    with pytest.raises(ValueError, match="custom optimizer"):
+        custom.approx.save(tmp_path / "custom.nc")
