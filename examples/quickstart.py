@@ -4,10 +4,12 @@ Fits the 25 weights with ``pm.fit(method="gpf")``, prints a short posterior summ
 final free energy, compares with the Stan reference posterior shipped with the data, and
 saves the free-energy trace to ``gpf_free_energy.png``.
 
-Run: ``python examples/quickstart.py [--steps N] [--out FILE]``.
+Run: ``python examples/quickstart.py [--steps N] [--out FILE] [--quick]``. ``--quick`` (or the
+environment variable ``PYMC_GPF_EXAMPLES_QUICK=1``) runs 5000 steps, for the test suite.
 """
 
 import argparse
+import os
 
 from pathlib import Path
 
@@ -36,13 +38,22 @@ def german_credit_model() -> pm.Model:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--steps", type=int, default=None, help="default 10000 (5000 quick)")
     parser.add_argument("--out", default="gpf_free_energy.png")
+    parser.add_argument("--quick", action="store_true", help="few steps, for tests")
     args = parser.parse_args()
+    quick = args.quick or os.environ.get("PYMC_GPF_EXAMPLES_QUICK") == "1"
+    steps = args.steps or (5000 if quick else 10_000)
 
     model = german_credit_model()
     with model:
-        approx = pm.fit(args.steps, method="gpf", inf_kwargs={"natural_mean": True}, random_seed=1)
+        approx = pm.fit(
+            steps,
+            method="gpf",
+            inf_kwargs={"natural_mean": True},
+            random_seed=1,
+            progressbar=not quick,
+        )
     idata = approx.sample(10_000, random_seed=2)
 
     print(az.summary(idata, var_names=["w"], kind="stats").head(8))
