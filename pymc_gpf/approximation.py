@@ -37,10 +37,12 @@ class FlowApproximation:
     # -------------------------------------------------------------- PyMC's interface
     @property
     def model(self):
+        """The PyMC model."""
         return self.inference.model
 
     @property
     def target(self):
+        """The model as a :class:`pymc_gpf.BatchedTarget` (flat coordinates, labels)."""
         return self.inference.target
 
     @property

@@ -431,14 +431,37 @@ class FlowInference(Inference):
     ):
         """Run ``n`` steps; returns the approximation (PyMC's ``Inference.fit`` contract).
 
-        ``learning_rate`` is one step size or a pair ``(eta1, eta2)`` (shift, linear part);
-        ``optimizer`` a name ("sgd", "momentum", "adam", "rmsprop", "adagrad") or a
-        :class:`pymc_gpf.optimizers.Optimizer` (default: the method's own, "sgd" for GPF and
-        GF, "adam" for WVGD); ``clip_norm`` bounds the norm of each update array separately;
-        ``more_obj_params`` are ``pytensor.shared`` model hyperparameters learnt jointly by
-        descending the free energy. ``score`` is accepted
-        for PyMC compatibility: the free energy is always recorded (it costs nothing extra).
-        Calling ``fit`` again continues from the current state with a fresh optimiser.
+        Parameters
+        ----------
+        n
+            Number of steps.
+        learning_rate
+            One step size or a pair ``(eta1, eta2)``: the shift and the linear part of
+            eq. 13 (GPF), the mean and the factor of eq. 11 (GF), the particles (eq. 20) and
+            the local Gaussians (eq. 21) for WVGD. Default 1e-3 (GPF, GF), 0.01 (WVGD).
+        optimizer
+            A name ("sgd", "momentum", "adam", "rmsprop", "adagrad") or a
+            :class:`pymc_gpf.optimizers.Optimizer`; default "sgd" for GPF and GF, "adam" for
+            WVGD. The adaptive ones are dimension-wise (App. H), so the step stays affine.
+        clip_norm
+            Bound on the norm of each update array, applied separately (one scalar each).
+        more_obj_params
+            ``pytensor.shared`` model hyperparameters learnt jointly by descending the free
+            energy (type-II maximum likelihood; the regularised free energy of §3.4.1 for
+            GPF), with ``eta1`` and the same optimiser.
+        compile_kwargs, backend
+            As in PyMC (``backend="c"``, ``"numba"``, ``"jax"``).
+        callbacks, progressbar, progressbar_theme, include_transformed
+            As in PyMC: callbacks are called as ``cb(approx, hist, i)`` and may raise
+            ``StopIteration``.
+        score
+            Accepted for PyMC compatibility; the free energy is always recorded (it costs
+            nothing extra).
+
+        Notes
+        -----
+        Calling ``fit`` again continues from the current state with a fresh optimiser (and a
+        new compiled step); :meth:`refine` continues with the same one.
         """
         if kwargs:
             raise TypeError(
@@ -550,18 +573,22 @@ class FlowInference(Inference):
             )
         terms += self._nonfinite_terms(info["new_points"], info["new_logp"])
         bad_grad, bad_new, max_grad = info["bad_grad"], info["bad_new"], info["max_grad"]
-        names = list(dict.fromkeys(self.target.variables_at(bad_new | bad_grad) + terms))
-        if names:
-            where = f" in {names}"
+        variables = self.target.variables_at(bad_new | bad_grad)
+        terms = [t for t in dict.fromkeys(terms) if t not in variables]
+        if variables and terms:
+            where = f" in {variables} (and the log-density terms {terms})"
+        elif variables or terms:
+            where = f" in {variables}" if variables else f" in the log-density terms {terms}"
         else:  # only the free energy overflowed: point at the steepest variable
             steepest = self.target.variables_at(np.array([np.nanargmax(max_grad)]))
             where = f" in the free energy (the largest gradients are in {steepest})"
         return DivergenceError(
             f"{self.name.upper()} diverged at step {step_index}: the update produced non-finite "
-            f"values{where}. The approximation keeps the last finite state (err.approx, "
-            f"history up to step {step_index}). Continue it with a smaller learning_rate (this "
-            f"fit used {self.fit_options.learning_rate}): err.approx.refine(n, learning_rate=...); "
-            "or refit with a clip_norm or optimizer='adam'; starting closer (init='map', "
-            f"smaller {self.spread_option}) also helps.",
+            f"values{where}. The approximation keeps the last state with a finite free "
+            f"energy, after {len(self.hist)} steps (err.approx, with its history). Continue it "
+            f"with a smaller learning_rate (this fit used {self.fit_options.learning_rate}): "
+            "err.approx.refine(n, learning_rate=...); or refit with a clip_norm or "
+            f"optimizer='adam'; starting closer (init='map', smaller {self.spread_option}) "
+            "also helps.",
             self.approx,
         )

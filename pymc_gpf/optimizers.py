@@ -190,7 +190,8 @@ class Optimizer:
 
 @dataclass(frozen=True)
 class SGD(Optimizer):
-    """Plain gradient descent (the default): the direction is used as is."""
+    """Plain gradient descent (the default): the direction is used as is, the step of
+    Algorithm 2 (GPF) and eq. 11 (GF)."""
 
     def transform(self, particle_axes=()):
         return Transform(lambda shape: (), lambda u, state: (u, state))
@@ -198,7 +199,8 @@ class SGD(Optimizer):
 
 @dataclass(frozen=True)
 class Momentum(Optimizer):
-    """Heavy-ball momentum (used with ``clip_norm`` for the paper's banana experiment)."""
+    """Heavy-ball momentum, linear and hence affine-preserving (used with ``clip_norm`` for
+    the paper's banana experiment, §4.4, Fig. 5)."""
 
     beta: float = 0.9
 

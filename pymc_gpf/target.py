@@ -185,7 +185,9 @@ def _check_observed(name: str, rv: Variable, data: Variable) -> None:
 
 
 class BatchedTarget:
-    """A PyMC model seen as ``log p(x)`` on flat unconstrained coordinates ``x`` in ``R^D``.
+    """A PyMC model seen as ``log p(x)`` on flat unconstrained coordinates ``x`` in ``R^D``:
+    the papers' ``phi(x) = -log p(x, y)`` (Galy-Fajou et al. 2021, eq. 2; the log joint
+    ``log p(z, x)`` of Ambrogioni et al. 2018, eq. 24), evaluated for many points at once.
 
     The model is only read, never modified. The logp graph is the model's own
     (``model.logp()``: log-Jacobians included, ``total_size`` scaling of ``pm.Minibatch``
@@ -272,6 +274,7 @@ class BatchedTarget:
         return {c.value_name: flat[c.slice].reshape(c.shape) for c in self.coordinates}
 
     def flatten(self, point: dict[str, Any]) -> np.ndarray:
+        """PyMC's point dict (value-variable names, unconstrained) as one flat vector."""
         return np.concatenate(
             [np.asarray(point[c.value_name], dtype=self.dtype).ravel() for c in self.coordinates]
         )

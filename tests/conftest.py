@@ -6,7 +6,13 @@ import numpy as np
 import pymc as pm
 import pytest
 
+from threadpoolctl import threadpool_limits
+
 import pymc_gpf  # noqa: F401  (registers pm.fit(method="gpf"))
+
+# pytest -n 2 runs two workers on two cores: a multithreaded BLAS in each oversubscribes
+# them (steps measured 15x slower); the models here are small, one thread is fastest
+threadpool_limits(1, user_api="blas")
 
 
 def gaussian_target(d: int, eigenvalues: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -30,7 +30,8 @@ __all__ = ["deviations", "factor_directions", "free_energy", "log_det_factor", "
 
 
 def deviations(factors: list[Variable], noise: list[Variable], structure: Structure) -> Variable:
-    """``x_s - mu = Gamma z_s`` for every draw, ``(S, D)``; ``noise[b]`` is ``(S, K_b)``."""
+    """``x_s - mu = Gamma z_s`` for every draw (the reparametrisation of eq. 3 with
+    ``x_0 - m_0 = z``), ``(S, D)``; ``noise[b]`` is ``(S, K_b)``."""
     if structure.diagonal:
         return noise[0] * factors[0]
     parts = [pt.dot(z, f.T) for z, f in zip(noise, factors, strict=True)]
@@ -72,7 +73,8 @@ def factor_directions(
 
 
 def log_det_factor(factors: list[Variable], structure: Structure) -> Variable:
-    """``log|Gamma|`` summed over blocks: ``1/2 log det(Gamma_b^T Gamma_b)`` (``K_b x K_b``),
+    """``log|Gamma|`` of eq. 4, summed over blocks: ``1/2 log det(Gamma_b^T Gamma_b)``
+    (``K_b x K_b``),
     which is ``log|det Gamma_b|`` for a square factor; ``sum log|sigma_d|`` for mean field."""
     if structure.diagonal:
         return pt.sum(pt.log(pt.abs(factors[0])))
@@ -83,7 +85,8 @@ def log_det_factor(factors: list[Variable], structure: Structure) -> Variable:
 
 
 def free_energy(logp: Variable, factors: list[Variable], structure: Structure) -> Variable:
-    """``F = E_q[phi] - log|Gamma| - D/2 (1 + log 2 pi)`` = minus the ELBO, the expectation
+    """Eq. 4 plus its constant: ``F = E_q[phi] - log|Gamma| - D/2 (1 + log 2 pi)`` = minus
+    the ELBO, the expectation
     a Monte Carlo average over the step's draws. For a low-rank factor ``log|Gamma|`` is
     ``1/2 log det(Gamma^T Gamma)``: a regularised free energy, as GPF's with ``N <= D``
     (q is degenerate, so the ELBO itself is ``-inf``)."""

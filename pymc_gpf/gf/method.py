@@ -47,8 +47,9 @@ def default_rank(ndim: int) -> int:
 
 
 class GFApproximation(GaussianApproximation):
-    """The fitted GF: ``q = N(mu, Gamma Gamma^T)`` with ``Gamma`` block-diagonal as the
-    structure says (a vector of scales for mean field).
+    """The fitted GF: ``q = N(mu, Gamma Gamma^T)``, i.e. ``x = mu + Gamma z`` with
+    ``z ~ N(0, I_K)`` (eq. 3), ``Gamma`` block-diagonal as the structure says (§3.5; a vector
+    of scales for mean field).
 
     ``mean``, ``std`` and ``cov`` are PyTensor expressions of the parameters in flat
     unconstrained space (``approx.mean.eval()``), like PyMC's approximations; ``factors``
@@ -64,10 +65,12 @@ class GFApproximation(GaussianApproximation):
 
     @property
     def structure(self) -> Structure:
+        """The block structure of ``Gamma`` (§3.5): full, diagonal or blocks of variables."""
         return self.inference.structure
 
     @property
     def params(self) -> list:
+        """Shared variables of the fitted state: the mean and one factor per block."""
         return [self.shared_mean, *self.shared_factors]
 
     @property
@@ -90,10 +93,12 @@ class GFApproximation(GaussianApproximation):
 
     @cached_property
     def mean(self) -> pt.TensorVariable:
+        """``mu`` in flat unconstrained space, a PyTensor variable (``.eval()``)."""
         return self.shared_mean
 
     @cached_property
     def std(self) -> pt.TensorVariable:
+        """Marginal standard deviations ``sqrt(diag(Gamma Gamma^T))``, a PyTensor expression."""
         if self.structure.diagonal:
             return pt.abs(self.shared_factors[0])
         out = pt.zeros((self.target.ndim,), dtype=self.target.dtype)
@@ -103,6 +108,8 @@ class GFApproximation(GaussianApproximation):
 
     @cached_property
     def cov(self) -> pt.TensorVariable:
+        """The covariance ``Gamma Gamma^T`` ``(D, D)``, block-diagonal; a PyTensor expression
+        (forms a ``D x D`` matrix, unlike the fit)."""
         if self.structure.diagonal:
             return pt.diag(pt.square(self.shared_factors[0]))
         d = self.target.ndim
@@ -176,9 +183,13 @@ class GF(FlowInference):
     model, random_seed, start
         As in ``pm.fit``.
 
-    Plain descent on ``Gamma`` is stable for ``eta2 < 2 / kappa`` (``kappa`` the condition
-    number of the posterior covariance); the iterates fluctuate around the fixed point with
-    a spread of order ``sqrt(eta / S)``.
+    Notes
+    -----
+    Algorithm 1 of the paper prints ``phi`` for ``grad phi`` in the mean step and drops the
+    ``+ eta2 Gamma`` term; eq. 11, used here, has both. Plain descent on ``Gamma`` is stable
+    for ``eta2 < 2 / kappa`` (``kappa`` the condition number of the posterior covariance);
+    the iterates fluctuate around the fixed point with a spread of order ``sqrt(eta / S)``.
+    The fit keywords are those of :meth:`pymc_gpf.GPF.fit`.
     """
 
     name = "gf"
@@ -248,6 +259,7 @@ class GF(FlowInference):
         }
 
     def settings(self) -> dict:
+        """The options of this fit, as stored in the DataTree's ``gf`` group."""
         out = {
             "rank": self.rank,
             "ranks": [f.shape[-1] for f in self.approx.factors],

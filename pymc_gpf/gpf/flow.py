@@ -39,7 +39,8 @@ def _n_rows(x: Variable) -> int:
 
 
 def centre(particles: Variable) -> tuple[Variable, Variable]:
-    """The particle mean ``m`` and deviations ``Z = X - m``."""
+    """The particle mean ``m`` and deviations ``Z = X - m`` (the ``m^t`` and ``x_i^t - m^t``
+    of eq. 13)."""
     mean = particles.mean(axis=0)
     return mean, particles - mean
 
@@ -119,7 +120,8 @@ def free_energy(logp: Variable, deviations: Variable, structure: Structure) -> V
 
 # ----------------------------------------------------------------- NumPy: the fitted q
 def covariance(deviations: np.ndarray, structure: Structure) -> np.ndarray:
-    """The fitted covariance ``C`` (1/N), block-diagonal as the structure says."""
+    """The fitted covariance ``C = Z^T Z / N`` (eq. 15, with ``1/N``), block-diagonal as the
+    structure says (§3.5)."""
     cov = deviations.T @ deviations / len(deviations)
     return cov if structure.kind == "full" else cov * structure.mask()
 

@@ -58,10 +58,12 @@ class GPFApproximation(GaussianApproximation):
 
     @property
     def structure(self) -> Structure:
+        """The block structure of the flow (§3.5): full, diagonal or blocks of variables."""
         return self.inference.structure
 
     @property
     def params(self) -> list:
+        """Shared variables of the fitted state: the particles."""
         return [self.shared_particles]
 
     @property
@@ -71,14 +73,20 @@ class GPFApproximation(GaussianApproximation):
 
     @cached_property
     def mean(self) -> pt.TensorVariable:
+        """The particle mean ``m`` (eq. 13) in flat unconstrained space, a PyTensor
+        expression (``.eval()``)."""
         return self.shared_particles.mean(axis=0)
 
     @cached_property
     def std(self) -> pt.TensorVariable:
+        """Square roots of the diagonal of ``C`` (eq. 15, with ``1/N``)."""
         return pt.sqrt(pt.mean(pt.square(self.shared_particles - self.mean), axis=0))
 
     @cached_property
     def cov(self) -> pt.TensorVariable:
+        """The empirical covariance ``C = (1/N) sum_i (x_i - m)(x_i - m)^T`` (eq. 15),
+        block-diagonal as the structure says; a PyTensor expression (forms a ``D x D``
+        matrix, unlike the fit)."""
         z = self.shared_particles - self.mean
         cov = pt.dot(z.T, z) / z.shape[0]
         return cov if self.structure.kind == "full" else cov * self.structure.mask()
@@ -211,6 +219,7 @@ class GPF(FlowInference):
         }
 
     def settings(self) -> dict:
+        """The options of this fit, as stored in the DataTree's ``gpf`` group."""
         out = {
             "n_particles": self.n_particles,
             "structure": self.structure.describe(),

@@ -35,12 +35,14 @@ __all__ = [
 
 
 def local_draws(means: Variable, log_scales: Variable, noise: Variable) -> Variable:
-    """``x_jm = m_j + s_j * eps_jm``, ``(J, M, D)`` from noise ``(J, M, D)``."""
+    """The draws ``zeta^m ~ q_j`` of eq. 20, ``x_jm = m_j + s_j * eps_jm``, ``(J, M, D)``
+    from noise ``(J, M, D)``."""
     return means[:, None, :] + pt.exp(log_scales)[:, None, :] * noise
 
 
 def local_logq(log_scales: Variable, noise: Variable) -> Variable:
-    """``log q_j(x_jm)`` of the untruncated local Gaussian, ``(J, M)``."""
+    """``log q(x_jm; theta_j)`` of the untruncated local Gaussian (eq. 22 without the
+    indicator and ``Z_j``), ``(J, M)``."""
     d = noise.shape[-1]
     return (
         -0.5 * pt.sum(pt.square(noise), axis=-1)
@@ -61,7 +63,8 @@ def nearest_particle(points: Variable, particles: Variable) -> Variable:
 
 
 def accepted_draws(draws: Variable, particles: Variable) -> Variable:
-    """``(J, M)``: draw ``m`` of particle ``j`` lies in ``L_j`` (the truncation of q_j)."""
+    """``(J, M)``: draw ``m`` of particle ``j`` lies in ``L_j`` (eq. 8), i.e. it is a draw of
+    the truncated ``q~_j`` (eq. 22) by rejection."""
     j, m, d = draws.shape
     cells = nearest_particle(draws.reshape((j * m, d)), particles).reshape((j, m))
     return pt.eq(cells, pt.arange(j)[:, None])
@@ -117,7 +120,8 @@ def local_gradients(
 
 
 def cell_elbos(logp: Variable, logq: Variable, accepted: Variable) -> Variable:
-    """``ELBO_j = E_q~j[log p(x, y) - log q~_j(x)]`` per cell, ``(J,)``, with
+    """``ELBO_j = E_q~j[log p(x, y) - log q~_j(x)]`` per cell (the terms of eq. 27), ``(J,)``,
+    with
     ``log q~_j = log q_j - log Z_j`` and ``Z_j`` estimated by the acceptance fraction.
     Undefined (``nan``) for a cell without accepted draws."""
     acc = pt.cast(accepted, logp.dtype)

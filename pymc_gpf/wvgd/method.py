@@ -33,11 +33,13 @@ def _shared(value: np.ndarray, name: str) -> pytensor.compile.SharedVariable:
 
 
 class WVGDApproximation(FlowApproximation):
-    """The fitted WVGD: ``J`` particles with their Voronoi cells, one truncated factorised
-    Gaussian ``q~_j`` per cell, and cell weights ``beta`` (the cells' posterior mass).
+    """The fitted WVGD: ``J`` particles ``z_j`` with their Voronoi cells ``L_j`` (eq. 8), one
+    factorised Gaussian ``q_j`` per cell truncated to it, ``q~_j = q_j 1[L_j] / Z_j``
+    (eq. 22-23), and cell weights ``beta_j``, the cells' posterior mass (eq. 10).
 
-    q is the mixture ``sum_j beta_j q~_j``; ``sample`` draws from it by choosing a cell by
-    ``beta`` and rejection-sampling its local Gaussian inside the cell.
+    q is the mixture ``sum_j beta_j q~_j``. ``sample`` draws from it by choosing a cell by
+    ``beta`` and rejection-sampling its local Gaussian inside the cell; ``logq`` is its
+    density.
     """
 
     def __init__(self, inference: WVGD, particles: np.ndarray, local_scale: float):
@@ -58,6 +60,7 @@ class WVGDApproximation(FlowApproximation):
 
     @property
     def params(self) -> list:
+        """Shared variables of the fitted state: particles, local means and log-scales."""
         return [self.shared_particles, self.shared_means, self.shared_log_scales]
 
     @property
@@ -67,10 +70,12 @@ class WVGDApproximation(FlowApproximation):
 
     @property
     def local_means(self) -> np.ndarray:
+        """Means ``m_j`` of the local Gaussians ``q_j`` (eq. 22), ``(J, D)`` (a copy)."""
         return self.shared_means.get_value()
 
     @property
     def local_scales(self) -> np.ndarray:
+        """Standard deviations ``s_j`` of the local Gaussians ``q_j`` (eq. 22), ``(J, D)``."""
         return np.exp(self.shared_log_scales.get_value())
 
     @property
@@ -227,9 +232,11 @@ class WVGD(FlowInference):
     model, random_seed, start
         As in ``pm.fit``.
 
-    Fit keywords as the other methods; ``learning_rate`` ``(eta1, eta2)`` is the particles'
-    step and the local Gaussians' step, ``optimizer`` defaults to dimension-wise Adam and
-    the learning rate to 0.01.
+    Notes
+    -----
+    The fit keywords are those of :meth:`pymc_gpf.GPF.fit`. ``learning_rate`` is one value or
+    the pair ``(eta1, eta2)``: ``eta1`` for the particles (eq. 20), ``eta2`` for the local
+    Gaussians (eq. 21). The defaults are dimension-wise Adam and 0.01.
     """
 
     name = "wvgd"
