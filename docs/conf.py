@@ -30,7 +30,8 @@ extensions = [
     "sphinx.ext.mathjax",
     "sphinx.ext.viewcode",
 ]
-exclude_patterns = ["_build", "jupyter_execute", "**.ipynb_checkpoints", "README.md"]
+# benchmarks/sections/ holds the fragments docs/benchmarks.md is assembled from
+exclude_patterns = ["_build", "jupyter_execute", "**.ipynb_checkpoints", "README.md", "benchmarks"]
 
 # ------------------------------------------------------------------------------- MyST
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist", "substitution"]
