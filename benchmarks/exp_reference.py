@@ -26,6 +26,7 @@ TITLE = "Posteriors with outside ground truth (posteriordb, inference-gym)"
 
 CHECK_DRAWS = 2_000
 FINAL_DRAWS = 10_000
+DIAGNOSE_DRAWS = 4_000  # pymc_gpf.diagnose of our fits at the end
 MEAN_NOISE, SD_NOISE = 0.03, 0.02  # the references' own Monte Carlo error (README)
 GOOD_MEAN, GOOD_SD = 0.1, 0.1  # "accurate": max |eps_mu| < 0.1 and max |eps_sigma| < 10 %
 
@@ -136,6 +137,10 @@ class Result:
     accuracy: Accuracy
     curve: list[dict[str, float]]
     failure: str | None
+    # pymc_gpf.diagnose of ours (nan for the others): Pareto k̂ and -ELBO - F
+    khat: float = np.nan
+    gap: float = np.nan
+    finite_n_bias: bool = False
 
 
 def fit_case(case: ReferenceCase, spec: MethodSpec, budget: float, seed: int) -> Result:
@@ -163,8 +168,14 @@ def fit_case(case: ReferenceCase, spec: MethodSpec, budget: float, seed: int) ->
     )
     final = accuracy(case, columns(run.approx, FINAL_DRAWS), wasserstein=True)
     failure = run.failure
-    if failure and spec.method in common.OURS:
-        failure += " (wall time includes pymc-gpf's diagnosis of it)"
+    diagnosis = None
+    if spec.method in common.OURS:
+        if failure:
+            failure += " (wall time includes pymc-gpf's diagnosis of it)"
+        try:
+            diagnosis = pymc_gpf.diagnose(run.approx, DIAGNOSE_DRAWS, random_seed=seed)
+        except (FloatingPointError, ValueError) as err:  # e.g. no finite log p at any draw
+            failure = (failure + "; " if failure else "") + f"diagnose: {str(err)[:80]}"
     return Result(
         spec.label,
         run.steps,
@@ -174,6 +185,9 @@ def fit_case(case: ReferenceCase, spec: MethodSpec, budget: float, seed: int) ->
         final,
         run.checks,
         failure,
+        khat=diagnosis.pareto_k if diagnosis else np.nan,
+        gap=diagnosis.free_energy_gap if diagnosis else np.nan,
+        finite_n_bias=bool(diagnosis and diagnosis.finite_n_bias),
     )
 
 
@@ -225,6 +239,8 @@ def record(ctx, case: ReferenceCase, result: Result) -> None:
         ("median_abs_eps_sd", acc.median_sd, "fraction"),
         ("sliced_w2", acc.wasserstein, "ref sd"),
         ("seconds_to_accurate", seconds_to_accurate(result), "s"),
+        ("pareto_khat", result.khat, ""),
+        ("free_energy_gap", result.gap, "nats"),
     ]:
         ctx.record(case.name, method, metric, value, unit, note)
     for name, em, es in zip(case.parameters, acc.eps_mean, acc.eps_sd, strict=True):
@@ -346,6 +362,10 @@ def case_table(results: list[Result]) -> str:
                 f"{fmt(100 * acc.median_sd, 2)} %" if np.isfinite(acc.median_sd) else "—",
                 fmt(acc.wasserstein, 2),
                 fmt(seconds_to_accurate(r), 2),
+                fmt(r.khat, 2) if np.isfinite(r.khat) else "",
+                (fmt(r.gap, 2) + (" (flagged)" if r.finite_n_bias else ""))
+                if np.isfinite(r.gap)
+                else "",
                 r.failure or "",
             ]
         )
@@ -361,6 +381,8 @@ def case_table(results: list[Result]) -> str:
         "median abs ε_σ",
         "sliced W2",
         "s to accurate",
+        "k̂",
+        "−ELBO − F",
         "note",
     ]
     return common.md_table(headers, rows)
@@ -449,6 +471,14 @@ def findings(cases, results, stats) -> str:
             "Worst-case error of ours relative to the best PyMC VI method on the same "
             "posterior (below 1: ours is closer to the reference) — " + "; ".join(ratios) + "."
         )
+    flagged = [f"{r.label} on {c.name}" for c in cases for r in results[c.name] if r.finite_n_bias]
+    lines.append(
+        "`pymc_gpf.diagnose` (columns k̂ and −ELBO − F, from "
+        f"{DIAGNOSE_DRAWS} draws of q) flagged finite-N bias — the particles' free energy F "
+        "significantly below an independent −ELBO, a q k̂ may still call good — for: "
+        + ("; ".join(flagged) if flagged else "none")
+        + "."
+    )
     return " ".join(lines)
 
 

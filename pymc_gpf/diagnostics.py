@@ -9,6 +9,13 @@ close to the posterior; above it q misses mass (usually its tails are too light)
 is far off. The same draws give the ELBO ``mean log r`` with its Monte Carlo error and the
 importance-weighted evidence estimate ``log mean r``.
 
+k̂ judges q as a proposal, and a q wider than the posterior is a good one. What it does not
+see is a fit whose own objective was fooled: GPF minimises the free energy of its N
+particles, a quadrature of ``E_q[log p]`` that moves with them, and with few particles on a
+non-Gaussian posterior it can sit well below the true ``-ELBO`` of the Gaussian it reports
+(finite-N bias). The gap ``-ELBO - F`` between an independent estimate and the fit's final
+free energy measures that bias in nats.
+
 Everything happens in the model's flat unconstrained space, where q lives and ``log p``
 includes the log-Jacobian, so the ratios are those of the posterior PyMC samples with NUTS.
 """
@@ -34,6 +41,8 @@ if TYPE_CHECKING:
 __all__ = ["Diagnosis", "diagnose", "khat_threshold"]
 
 KHAT_VERY_BAD = 1.0
+# a GPF free energy this many nats (beyond 3 Monte Carlo se) below -ELBO is flagged
+FREE_ENERGY_GAP_TOLERANCE = 0.1
 
 
 def khat_threshold(draws: int) -> float:
@@ -49,7 +58,8 @@ class Diagnosis:
     log-densities, ``log_weights`` the Pareto-smoothed, normalised log importance weights.
     ``undefined`` explains why k̂ and the ELBO could not be computed (a degenerate q), else
     ``None``; ``ridge`` is the variance a regularised q gave the directions a degenerate q
-    lacks.
+    lacks. ``free_energy`` is the fit's own objective at its end (the mean of its last
+    recorded values), ``None`` before any step.
     """
 
     method: str
@@ -61,6 +71,7 @@ class Diagnosis:
     ridge: float | None = None
     undefined: str | None = None
     minibatch: bool = False
+    free_energy: float | None = None
 
     @property
     def n_draws(self) -> int:
@@ -85,6 +96,22 @@ class Diagnosis:
         if self.undefined is not None:
             return float("nan")
         return float(np.std(self.log_ratios, ddof=1) / np.sqrt(self.n_draws))
+
+    @property
+    def free_energy_gap(self) -> float:
+        """``-ELBO - F``: how far the fit's final free energy is below an independent
+        estimate of the same quantity (about 0 when the fit's objective is unbiased; its
+        Monte Carlo error is :attr:`elbo_mcse`; undefined for a regularised q, which is not
+        the one the fit reports)."""
+        if self.free_energy is None or self.ridge is not None:
+            return float("nan")
+        return -self.elbo - self.free_energy
+
+    @property
+    def finite_n_bias(self) -> bool:
+        """Whether GPF's particle free energy is significantly below ``-ELBO``."""
+        excess = self.free_energy_gap - 3.0 * self.elbo_mcse
+        return self.method == "gpf" and bool(excess > FREE_ENERGY_GAP_TOLERANCE)
 
     @property
     def log_evidence(self) -> float:
@@ -128,6 +155,13 @@ class Diagnosis:
                 f"very bad (k̂ = {k:.2f} ≥ 1): q is far from the posterior; do not trust its "
                 "estimates. Check the fit converged, try a richer q, or use NUTS"
             )
+        if self.finite_n_bias:
+            text += (
+                f" [but the particles' free energy F = {self.free_energy:.4g} is "
+                f"{self.free_energy_gap:.3g} ± {self.elbo_mcse:.2g} nats below -ELBO: with this "
+                "few particles their quadrature of E_q[log p] is biased (finite-N bias) and q is "
+                "not the best Gaussian; refit with more particles]"
+            )
         if self.ridge is not None:
             text += f" [for the regularised q with variance {self.ridge:.3g} added off C's range]"
         if self.minibatch:
@@ -142,6 +176,7 @@ class Diagnosis:
             f"{self.method.upper()} diagnosis from {self.n_draws} draws of q:",
             f"  Pareto k̂      {self.pareto_k:.3f} (good below {self.threshold:.2f})",
             f"  ELBO          {self.elbo:.4f} ± {self.elbo_mcse:.4f} (Monte Carlo se)",
+            f"  -ELBO - F     {self.free_energy_gap:.4f} (F: the fit's final free energy)",
             f"  log p(y) (IS) {self.log_evidence:.4f}",
             f"  PSIS ESS      {self.ess:.0f}",
             f"  verdict: {self.verdict}",
@@ -157,6 +192,7 @@ class Diagnosis:
             "elbo_mcse": self.elbo_mcse,
             "log_evidence_is": self.log_evidence,
             "psis_ess": self.ess,
+            "free_energy_gap": self.free_energy_gap,
         }
         data = {name: ((), value) for name, value in scalars.items()}
         data["log_p"] = ("diagnostic_draw", self.log_p)
@@ -184,6 +220,15 @@ class Diagnosis:
             )
         probabilities = np.exp(self.log_weights - logsumexp(self.log_weights))
         return self.points[rng.choice(self.n_draws, size=draws, p=probabilities)]
+
+
+def _final_free_energy(hist: np.ndarray) -> float | None:
+    """The mean of the last tenth (at most 100) of the recorded free energies: GPF's is
+    deterministic, GF's and WVGD's are Monte Carlo estimates worth averaging."""
+    hist = np.asarray(hist, dtype=float)
+    if len(hist) == 0:
+        return None
+    return float(np.mean(hist[-min(100, max(1, len(hist) // 10)) :]))
 
 
 def _regularize_option(regularize) -> bool | float | None:
@@ -231,6 +276,7 @@ def diagnose(
     log_q = q.logpdf(points)
     log_p = approx.log_density(points)
     name = approx.inference.name
+    free_energy = _final_free_energy(approx.hist)
     if undefined is not None:
         diagnosis = Diagnosis(
             name,
@@ -241,6 +287,7 @@ def diagnose(
             float("nan"),
             undefined=undefined,
             minibatch=approx.target.minibatch,
+            free_energy=free_energy,
         )
     else:
         log_ratios = np.where(np.isnan(log_p), -np.inf, log_p) - log_q
@@ -265,6 +312,7 @@ def diagnose(
             float(k),
             ridge=getattr(q, "ridge", None),
             minibatch=approx.target.minibatch,
+            free_energy=free_energy,
         )
     approx.diagnosis = diagnosis
     return diagnosis

@@ -99,6 +99,26 @@ def test_an_exact_fit_has_constant_ratios(correlated):
     assert diagnosis.pareto_k == -np.inf and diagnosis.verdict.startswith("exact")
     assert abs(diagnosis.elbo) < 1e-8 and diagnosis.elbo_mcse < 1e-8
     np.testing.assert_allclose(diagnosis.log_p, diagnosis.log_q, atol=1e-8)
+    # a quadratic log p: the particles' quadrature of E_q[log p] is exact, so F = -ELBO
+    assert abs(diagnosis.free_energy_gap) < 1e-6 and not diagnosis.finite_n_bias
+
+
+def test_free_energy_gap_measures_finite_n_bias():
+    """p(x) ∝ exp(-x⁴/4) with N = 2 particles ±a: F = a⁴/4 - log a + c is smallest at a = 1,
+    where q = N(0, 1) has E_q[x⁴/4] = 3/4 against the particles' 1/4 (the entropies are
+    the same), so -ELBO - F = 1/2 exactly although k̂ is good (q is wider than p)."""
+    with pm.Model() as model:
+        x = pm.Flat("x")
+        pm.Potential("quartic", -(x**4) / 4)
+    inference = pymc_gpf.GPF(
+        initial_particles=np.array([[-0.5], [0.8]]), natural_mean=True, model=model
+    )
+    approx = inference.fit(2000, learning_rate=0.05, progressbar=False, backend="c")
+    np.testing.assert_allclose(np.sort(approx.particles[:, 0]), [-1.0, 1.0], atol=1e-6)
+    diagnosis = pymc_gpf.diagnose(approx, DRAWS, random_seed=1)
+    assert abs(diagnosis.free_energy_gap - 0.5) < 4 * diagnosis.elbo_mcse
+    assert diagnosis.pareto_k < diagnosis.threshold
+    assert diagnosis.finite_n_bias and "finite-N bias" in diagnosis.verdict
 
 
 @pytest.fixture(scope="module")
