@@ -19,6 +19,7 @@ import numpy as np
 from benchmarks import common, realdata
 from benchmarks.common import MethodSpec, fit_method
 from benchmarks.realdata import BNNArchitecture
+from benchmarks.suite import fit_cost
 
 NAME = "bnn"
 TITLE = "Bayesian neural network on digits: NLL, accuracy, calibration (paper Table 1)"
@@ -187,16 +188,13 @@ def run(ctx) -> str:
 def record(ctx, fit: Fit, arch: BNNArchitecture) -> None:
     case = f"digits {fit.architecture} (D = {arch.n_weights})"
     note = fit.failure or ""
-    for metric, value, unit in [
+    metrics = [
         ("test_nll", fit.metrics["nll"], "nats/point"),
         ("test_accuracy", fit.metrics["accuracy"], "fraction"),
         ("test_ece", fit.metrics["ece"], "fraction"),
-        ("steps", fit.steps, "steps"),
-        ("grad_evals", fit.grads, "gradients"),
-        ("seconds", fit.seconds, "s"),
-        ("first_call_seconds", fit.first_call, "s"),
-    ]:
-        ctx.record(case, fit.label, metric, value, unit, note)
+    ]
+    cost = fit_cost(fit.steps, fit.grads, fit.seconds, fit.first_call)
+    ctx.record_many(case, fit.label, metrics + cost, note)
     for row in fit.curve:
         where = f"step={row['step']} seconds={row['seconds']:.4g}"
         ctx.record(case, fit.label, "curve_test_nll", row["nll"], "nats/point", where)

@@ -20,6 +20,7 @@ import numpy as np
 
 from benchmarks import common, realdata
 from benchmarks.common import MethodSpec, fit_method
+from benchmarks.suite import fit_cost
 
 NAME = "logistic"
 TITLE = "Bayesian logistic regression: test NLL vs time (paper Fig. 6)"
@@ -233,15 +234,9 @@ def run(ctx) -> str:
 def record(ctx, name: str, fits: list[Fit], nuts: list[tuple[float, float, float]]) -> None:
     for fit in fits:
         note = f"split {fit.split}" + (f"; {fit.failure}" if fit.failure else "")
-        for metric, value, unit in [
-            ("test_nll", fit.nll, "nats/point"),
-            ("test_accuracy", fit.accuracy, "fraction"),
-            ("steps", fit.steps, "steps"),
-            ("grad_evals", fit.grads, "gradients"),
-            ("seconds", fit.seconds, "s"),
-            ("first_call_seconds", fit.first_call, "s"),
-        ]:
-            ctx.record(name, fit.label, metric, value, unit, note)
+        metrics = [("test_nll", fit.nll, "nats/point"), ("test_accuracy", fit.accuracy, "fraction")]
+        cost = fit_cost(fit.steps, fit.grads, fit.seconds, fit.first_call)
+        ctx.record_many(name, fit.label, metrics + cost, note)
         if nuts:
             close = seconds_to_close(fit, nuts[fit.split][0])
             ctx.record(name, fit.label, "seconds_to_nuts_nll", close, "s", note)

@@ -20,6 +20,7 @@ import numpy as np
 from benchmarks import common, realdata
 from benchmarks.common import MethodSpec, fit_method
 from benchmarks.realdata import ReferenceCase
+from benchmarks.suite import fit_cost
 
 NAME = "reference"
 TITLE = "Posteriors with outside ground truth (posteriordb, inference-gym)"
@@ -228,11 +229,8 @@ def record(ctx, case: ReferenceCase, result: Result) -> None:
     acc = result.accuracy
     method = result.label
     note = result.failure or ""
-    for metric, value, unit in [
-        ("steps", result.steps, "steps"),
-        ("grad_evals", result.grads, "gradients"),
-        ("seconds", result.seconds, "s"),
-        ("first_call_seconds", result.first_call, "s"),
+    cost = fit_cost(result.steps, result.grads, result.seconds, result.first_call)
+    metrics = [
         ("max_abs_eps_mean", acc.max_mean, "ref sd"),
         ("median_abs_eps_mean", acc.median_mean, "ref sd"),
         ("max_abs_eps_sd", acc.max_sd, "fraction"),
@@ -241,8 +239,8 @@ def record(ctx, case: ReferenceCase, result: Result) -> None:
         ("seconds_to_accurate", seconds_to_accurate(result), "s"),
         ("pareto_khat", result.khat, ""),
         ("free_energy_gap", result.gap, "nats"),
-    ]:
-        ctx.record(case.name, method, metric, value, unit, note)
+    ]
+    ctx.record_many(case.name, method, cost + metrics, note)
     for name, em, es in zip(case.parameters, acc.eps_mean, acc.eps_sd, strict=True):
         ctx.record(case.name, method, f"eps_mean[{name}]", em, "ref sd", note)
         ctx.record(case.name, method, f"eps_sd[{name}]", es, "fraction", note)

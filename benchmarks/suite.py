@@ -98,6 +98,24 @@ class Context:
         )
         return value
 
+    def record_many(
+        self, case: str, method: str, values: list[tuple[str, float, str]], note: str = ""
+    ) -> None:
+        """Several ``(metric, value, unit)`` numbers of one case and method."""
+        for metric, value, unit in values:
+            self.record(case, method, metric, value, unit, note)
+
+
+def fit_cost(steps: float, grads: float, seconds: float, first_call: float) -> list:
+    """The cost rows every fit reports: steps, gradient evaluations, stepping and
+    first-call (compilation) wall time."""
+    return [
+        ("steps", steps, "steps"),
+        ("grad_evals", grads, "gradients"),
+        ("seconds", seconds, "s"),
+        ("first_call_seconds", first_call, "s"),
+    ]
+
 
 def report_path(out_dir: Path) -> Path:
     """``docs/benchmarks.md`` for the published run, ``report.md`` inside any other folder."""
