@@ -530,3 +530,12 @@ METHOD_COLOURS = {
     "nuts": "k",
     "bare": "C7",
 }
+
+
+def method_key(label: str) -> str:
+    """``"gpf"``, ``"fullrank_advi"``, ... from a report label (for colours and grouping)."""
+    low = label.lower()
+    for key in ("fullrankadvi", "advi", "gpf", "gf", "wvgd", "svgd", "nuts"):
+        if low.startswith(key):
+            return "fullrank_advi" if key == "fullrankadvi" else key
+    return "bare"

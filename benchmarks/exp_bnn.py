@@ -202,12 +202,6 @@ def record(ctx, fit: Fit, arch: BNNArchitecture) -> None:
 
 
 # ------------------------------------------------------------------------ the report
-def method_key(label: str) -> str:
-    low = label.lower()
-    for key in ("advi", "gpf", "gf", "svgd"):
-        if low.startswith(key):
-            return key
-    return "bare"
 
 
 LINESTYLES = {"full": "-", "rank 10": "-", "variables": "--", "rank 5": "--", "diagonal": ":"}
@@ -229,7 +223,7 @@ def curves_figure(ctx, fits: dict[str, list[Fit]]) -> str:
             rows = [r for r in fit.curve if r["seconds"] > 0]
             if not rows:
                 continue
-            colour = common.METHOD_COLOURS.get(method_key(fit.label), "C7")
+            colour = common.METHOD_COLOURS.get(common.method_key(fit.label), "C7")
             seconds = [r["seconds"] for r in rows]
             for row, key in enumerate(("nll", "accuracy")):
                 axes[row, col].plot(
@@ -320,8 +314,8 @@ def findings(fits: list[Fit]) -> str:
     learnt = [f for f in finite if f.metrics["accuracy"] > 0.5] or finite
     best_ece = min(learnt, key=lambda f: f.metrics["ece"])
     best_acc = max(finite, key=lambda f: f.metrics["accuracy"])
-    ours = [f for f in finite if method_key(f.label) in ("gpf", "gf")]
-    theirs = [f for f in finite if method_key(f.label) in ("advi", "svgd")]
+    ours = [f for f in finite if common.method_key(f.label) in ("gpf", "gf")]
+    theirs = [f for f in finite if common.method_key(f.label) in ("advi", "svgd")]
     trivial = [
         f
         for f in finite

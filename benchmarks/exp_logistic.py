@@ -278,7 +278,7 @@ def nll_figure(ctx, fits, nuts) -> str:
                 keep = seconds > 0
                 if not keep.any():
                     continue
-                colour = common.METHOD_COLOURS.get(method_key(label), "C7")
+                colour = common.METHOD_COLOURS.get(common.method_key(label), "C7")
                 style = "--" if "default" in label else "-"
                 ax.plot(seconds[keep], nll[keep], style, color=colour, lw=1.4, label=label)
             if nuts[name]:
@@ -290,14 +290,6 @@ def nll_figure(ctx, fits, nuts) -> str:
     path, markdown = ctx.figure("test_nll")
     common.save_figure(fig, path)
     return markdown
-
-
-def method_key(label: str) -> str:
-    low = label.lower()
-    for key in ("fullrankadvi", "advi", "gpf", "gf", "wvgd", "svgd", "nuts"):
-        if low.startswith(key):
-            return "fullrank_advi" if key == "fullrankadvi" else key
-    return "bare"
 
 
 def summary_rows(name, fits, nuts):

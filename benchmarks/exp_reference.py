@@ -287,13 +287,6 @@ def run(ctx) -> str:
 
 
 # ------------------------------------------------------------------------ the report
-def method_key(label: str) -> str:
-    """``"gpf"``, ``"advi"``, ... from a label (for colours)."""
-    low = label.lower()
-    for key in ("fullrankadvi", "advi", "gpf", "gf", "wvgd", "svgd", "nuts"):
-        if low.startswith(key):
-            return "fullrank_advi" if key == "fullrankadvi" else key
-    return "bare"
 
 
 def curves_figure(ctx, cases, results, key: str) -> str:
@@ -307,7 +300,7 @@ def curves_figure(ctx, cases, results, key: str) -> str:
             rows = [r for r in result.curve if r["seconds"] > 0 and np.isfinite(r[key])]
             if not rows:
                 continue
-            colour = common.METHOD_COLOURS.get(method_key(result.label), "C7")
+            colour = common.METHOD_COLOURS.get(common.method_key(result.label), "C7")
             style = styles.setdefault(result.label, "-" if "default" not in result.label else "--")
             ax.plot(
                 [r["seconds"] for r in rows],
@@ -426,8 +419,8 @@ def findings(cases, results, stats) -> str:
     """Sentences computed from the numbers."""
     n = len(cases)
     vi = [label for label in stats if not label.startswith("NUTS")]
-    ours = [label for label in vi if method_key(label) in common.OURS]
-    theirs = [label for label in vi if method_key(label) in common.PYMC_METHODS]
+    ours = [label for label in vi if common.method_key(label) in common.OURS]
+    theirs = [label for label in vi if common.method_key(label) in common.PYMC_METHODS]
     counts = ", ".join(f"{label} {stats[label]['good']}/{n}" for label in vi)
     lines = [f"Accurate on every reference parameter at the end of the budget: {counts}."]
     if "NUTS (PyMC, 2 × 1000 draws)" in stats:

@@ -191,7 +191,7 @@ def run_experiment(name: str, quick: bool, out_dir: Path, backend: str | None = 
 INTRO = """\
 # Benchmarks
 
-Regenerate with `python -m benchmarks run` (about an hour on 2 cores; `--only NAME` runs one
+Regenerate with `python -m benchmarks run` (about two hours on 2 cores; `--only NAME` runs one
 section: {names}). Every number below comes from a run of that script on the machine named
 in its section, and every number is also in [`benchmarks.csv`]({csv}) (one row per number:
 experiment, case, method, metric, value, unit). Nothing here is typed in by hand.
