@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -93,9 +94,11 @@ class MethodSpec:
 
     def grads_per_step(self, inference) -> int:
         if self.method == "gpf":
-            return int(inference.n_particles)
+            return len(inference.approx.particles)
         if self.method == "gf":
-            return int(inference.n_samples)
+            options = inference.fit_options
+            auto = options.auto if options is not None else "learning_rate" not in self.fit_kwargs
+            return 2 * inference._pairs(options) if auto else inference.draws_per_step(options)
         if self.method == "wvgd":
             return int(inference.n_particles) * int(inference.n_samples)
         if self.method == "svgd":
@@ -159,7 +162,10 @@ class _Checker:
     def record(self, approx) -> dict:
         start = time.perf_counter()
         metrics = self.check(approx)
-        row = {"step": self.steps, "seconds": self.clock(), "grads": self.steps * self.grads}
+        # ours count their own evaluations (GPF's cloud may grow); others: steps x per step
+        counted = getattr(getattr(approx, "inference", None), "gradient_evaluations", None)
+        grads = counted if counted is not None else self.steps * self.grads
+        row = {"step": self.steps, "seconds": self.clock(), "grads": grads}
         row.update(metrics)
         self.rows.append(row)
         self.spent += time.perf_counter() - start
@@ -231,7 +237,10 @@ def fit_method(
     failure = None
     start = time.perf_counter()
     try:
-        inference.fit(1, progressbar=False, callbacks=[checker], **fit_kwargs)
+        with warnings.catch_warnings():
+            # one step of an automatic fit has not converged: the rest decides
+            warnings.simplefilter("ignore", UserWarning)
+            inference.fit(1, progressbar=False, callbacks=[checker], **fit_kwargs)
     except FloatingPointError as err:
         failure = str(err)[:200]
         return FitRun(spec, inference, 1, checker.grads, 0.0, 0.0, checker.rows, failure, seed)

@@ -7,6 +7,8 @@ what goes into its own DataTree group.
 
 from __future__ import annotations
 
+import functools
+
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,7 +16,7 @@ import xarray as xr
 
 from arviz_base import dict_to_dataset
 
-from pymc_gpf.datatree import build_datatree, settings_attrs
+from pymc_gpf.datatree import build_datatree, fit_group, settings_attrs
 from pymc_gpf.gaussian import GaussianQ
 
 if TYPE_CHECKING:
@@ -52,8 +54,33 @@ class FlowApproximation:
 
     @property
     def free_energy(self) -> float:
-        """The last recorded free energy (``nan`` before any step)."""
+        """The free energy of the fitted state: the last recorded value (GPF: of the state
+        it ended on, which an early stop may have restored); ``nan`` before any step."""
+        final = getattr(self.inference, "final_free_energy", None)
+        if final is not None:
+            return float(final)
         return float(self.hist[-1]) if len(self.hist) else float("nan")
+
+    @property
+    def outcome(self):
+        """How the fit ended (:class:`pymc_gpf.control.Outcome`): ``converged``, the reason,
+        the step and an explanation; ``None`` before ``fit``."""
+        return self.inference.outcome
+
+    def fit_group(self) -> xr.Dataset:
+        """The DataTree's ``fit`` group: free energy and step size on ``step``, how the fit
+        ended (``converged``, ``stop_reason``, ``stopped_at_step``, ``stop_message``) and
+        what it cost (``gradient_evaluations``: points where the log-density and its
+        gradient were evaluated; ``density_evaluations``: without gradient) in its
+        attributes."""
+        inference = self.inference
+        attrs = {} if inference.outcome is None else inference.outcome.attrs()
+        attrs["gradient_evaluations"] = int(inference.gradient_evaluations)
+        attrs["density_evaluations"] = int(inference.density_evaluations)
+        if inference.fit_options is not None:
+            attrs["tol"] = inference.fit_options.tol
+            attrs["learning_rate"] = inference.fit_options.settings()["learning_rate"]
+        return fit_group(inference.name, self.hist, inference.step_sizes, attrs)
 
     @property
     def params(self) -> list:
@@ -81,10 +108,11 @@ class FlowApproximation:
         raise NotImplementedError
 
     def log_density(self, points: np.ndarray) -> np.ndarray:
-        """``log p(x, y)`` at flat unconstrained points ``(S, D)`` (log-Jacobian included,
-        full-data scale): one batched call per chunk of points."""
+        """``log p(x, y)`` at flat unconstrained points ``(S, D)`` (log-Jacobian included),
+        always of the whole data set (``pm.Minibatch`` data replaced by the full arrays):
+        one batched call per chunk of points."""
         points = self._check_points(points)
-        fn = self._compiled_for("logp", self.target.compile_logp)
+        fn = self._compiled_for("logp", functools.partial(self.target.compile_logp, full_data=True))
         chunks = [fn(points[i : i + LOGP_CHUNK]) for i in range(0, len(points), LOGP_CHUNK)]
         return np.concatenate(chunks).astype(float)
 
@@ -160,7 +188,7 @@ class FlowApproximation:
         return build_datatree(
             self.model,
             values,
-            free_energy=self.hist,
+            fit=self.fit_group(),
             method=self.inference.name,
             method_group=self.method_group(),
         )

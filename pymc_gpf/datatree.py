@@ -21,7 +21,27 @@ from pymc.backends.arviz import (
     find_observations,
 )
 
-__all__ = ["build_datatree", "settings_attrs"]
+__all__ = ["build_datatree", "fit_group", "settings_attrs"]
+
+
+def fit_group(
+    method: str, free_energy: np.ndarray, step_size: np.ndarray, attrs: dict[str, Any]
+) -> xr.Dataset:
+    """The optimisation trace on a ``step`` dim (pymc-extras' convention): the free energy
+    and the step size of every step; how the fit ended in the attributes."""
+    n = len(free_energy)
+    return xr.Dataset(
+        {
+            "free_energy": ("step", np.asarray(free_energy, dtype=float)),
+            "step_size": ("step", np.asarray(step_size, dtype=float)[:n]),
+        },
+        coords={"step": np.arange(n)},
+        attrs={
+            "method": method,
+            "definition": "free energy = -ELBO (full-data scale)",
+            **settings_attrs(attrs),
+        },
+    )
 
 
 def _library():
@@ -49,7 +69,7 @@ def build_datatree(
     model: pm.Model,
     posterior: dict[str, np.ndarray] | None,
     *,
-    free_energy: np.ndarray,
+    fit: xr.Dataset,
     method: str,
     method_group: xr.Dataset,
 ) -> xr.DataTree:
@@ -66,11 +86,7 @@ def build_datatree(
             dims=dims,
         )
     groups |= {
-        "fit": xr.Dataset(
-            {"free_energy": ("step", np.asarray(free_energy, dtype=float))},
-            coords={"step": np.arange(len(free_energy))},
-            attrs={"method": method, "definition": "free energy = -ELBO (full-data scale)"},
-        ),
+        "fit": fit,
         method: method_group,
     }
     for name, values in (

@@ -38,7 +38,7 @@ from pymc_gpf.engine import seed_sequence
 if TYPE_CHECKING:
     from pymc_gpf.approximation import FlowApproximation
 
-__all__ = ["Diagnosis", "diagnose", "khat_threshold"]
+__all__ = ["Diagnosis", "diagnose", "free_energy_gap", "khat_threshold"]
 
 KHAT_VERY_BAD = 1.0
 # a GPF free energy this many nats (beyond 3 Monte Carlo se) below -ELBO is flagged
@@ -72,6 +72,7 @@ class Diagnosis:
     undefined: str | None = None
     minibatch: bool = False
     free_energy: float | None = None
+    unconverged: str | None = None  # why the fit did not converge, if it did not
 
     @property
     def n_draws(self) -> int:
@@ -131,6 +132,15 @@ class Diagnosis:
     @property
     def verdict(self) -> str:
         """The diagnosis in plain language."""
+        text = self._verdict()
+        if self.unconverged is not None:
+            text = (
+                f"the fit did not converge ({self.unconverged}), so this judges an unfinished "
+                f"q: continue it with approx.refine(n) first. {text[0].upper()}{text[1:]}"
+            )
+        return text
+
+    def _verdict(self) -> str:
         if self.undefined is not None:
             return f"undefined: {self.undefined}"
         k, limit = self.pareto_k, self.threshold
@@ -147,28 +157,28 @@ class Diagnosis:
             text = (
                 f"bad (k̂ = {k:.2f} ≥ {limit:.2f}): q misses part of the posterior, usually "
                 "its tails; means may be usable but standard deviations and tail "
-                "probabilities are not, and importance sampling cannot fix it reliably. Try "
-                "more particles, full rank, or NUTS"
+                "probabilities are not, and importance sampling cannot fix it reliably. The "
+                "posterior is not close to Gaussian here: use NUTS (pm.sample) for it, or "
+                "reparameterise the model"
             )
         else:
             text = (
                 f"very bad (k̂ = {k:.2f} ≥ 1): q is far from the posterior; do not trust its "
-                "estimates. Check the fit converged, try a richer q, or use NUTS"
+                "estimates. Use NUTS (pm.sample), or a richer q (e.g. full rank instead of "
+                "mean field or low rank)"
             )
         if self.finite_n_bias:
             text += (
                 f" [but the particles' free energy F = {self.free_energy:.4g} is "
                 f"{self.free_energy_gap:.3g} ± {self.elbo_mcse:.2g} nats below -ELBO: with this "
                 "few particles their quadrature of E_q[log p] is biased (finite-N bias) and q is "
-                "not the best Gaussian; refit with more particles]"
+                "not the best Gaussian; refit with method='gf' (fresh draws every step, no such "
+                "bias) or with n_particles='auto', which grows N while the bias shows]"
             )
         if self.ridge is not None:
             text += f" [for the regularised q with variance {self.ridge:.3g} added off C's range]"
         if self.minibatch:
-            text += (
-                " [log p uses pm.Minibatch data, so the ratios are noisy estimates and k̂ is "
-                "pessimistic]"
-            )
+            text += " [log p of the whole data set, pm.Minibatch data replaced by the full arrays]"
         return text + "."
 
     def __str__(self) -> str:
@@ -220,6 +230,25 @@ class Diagnosis:
             )
         probabilities = np.exp(self.log_weights - logsumexp(self.log_weights))
         return self.points[rng.choice(self.n_draws, size=draws, p=probabilities)]
+
+
+def free_energy_gap(
+    approx: FlowApproximation, free_energy: float, draws: int, rng: np.random.Generator
+) -> tuple[float, float]:
+    """``-ELBO - F`` and its Monte Carlo standard error: ``-ELBO`` of the fitted Gaussian q
+    estimated from ``draws`` antithetic draws (pairs ``m +- F xi``) of ``log p - log q``,
+    whose variance vanishes as q approaches a Gaussian posterior; ``F`` the fit's own
+    free energy. Significantly positive: the fit's objective is biased low (GPF's
+    finite-N bias)."""
+    q = approx.gaussian()
+    half = draws // 2
+    centred = q.sample(half, rng) - q.mean
+    points = np.concatenate([q.mean + centred, q.mean - centred])
+    log_ratio = approx.log_density(points) - q.logpdf(points)
+    pairs = 0.5 * (log_ratio[:half] + log_ratio[half:])
+    if not np.all(np.isfinite(pairs)):
+        return float("inf"), 0.0
+    return float(-np.mean(pairs) - free_energy), float(np.std(pairs, ddof=1) / np.sqrt(half))
 
 
 def _final_free_energy(hist: np.ndarray) -> float | None:
@@ -276,7 +305,10 @@ def diagnose(
     log_q = q.logpdf(points)
     log_p = approx.log_density(points)
     name = approx.inference.name
-    free_energy = _final_free_energy(approx.hist)
+    final = getattr(approx.inference, "final_free_energy", None)
+    free_energy = final if final is not None else _final_free_energy(approx.hist)
+    outcome = approx.inference.outcome
+    unconverged = outcome.message if outcome is not None and outcome.converged is False else None
     if undefined is not None:
         diagnosis = Diagnosis(
             name,
@@ -288,6 +320,7 @@ def diagnose(
             undefined=undefined,
             minibatch=approx.target.minibatch,
             free_energy=free_energy,
+            unconverged=unconverged,
         )
     else:
         log_ratios = np.where(np.isnan(log_p), -np.inf, log_p) - log_q
@@ -313,6 +346,7 @@ def diagnose(
             ridge=getattr(q, "ridge", None),
             minibatch=approx.target.minibatch,
             free_energy=free_energy,
+            unconverged=unconverged,
         )
     approx.diagnosis = diagnosis
     return diagnosis

@@ -9,8 +9,11 @@ PyTensor function (one call per iteration) and runs it with PyMC's progress bar,
 
 from __future__ import annotations
 
+import inspect
 import logging
+import math
 import numbers
+import warnings
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,11 +34,18 @@ from pytensor.tensor.random.type import RandomGeneratorType
 from rich.console import Console
 from rich.progress import Progress, TextColumn
 
+from pymc_gpf.control import Control, FixedSteps, Outcome, Stochastic
 from pymc_gpf.errors import DivergenceError, InitialPointError
 from pymc_gpf.optimizers import Optimizer, Transform, map_state, resolve, state_leaves
 from pymc_gpf.target import BatchedTarget, compile_kwargs_for
 
 __all__ = ["CompiledStep", "FitOptions", "FlowInference", "StepGraph", "transform_direction"]
+
+AUTO = "auto"
+DEFAULT_TOL = 0.03  # distance to the fixed point, in standard deviations of q
+# with pm.Minibatch every step sees a subsample: reaching tol costs ~ (n / batch) / tol^2 steps
+MINIBATCH_TOL = 0.05
+DEFAULT_MAX_STEPS, MINIBATCH_MAX_STEPS = 10_000, 100_000
 
 logger = logging.getLogger("pymc_gpf")
 
@@ -69,15 +79,22 @@ def seed_sequence(random_seed: Any) -> np.random.SeedSequence:
 
 @dataclass(frozen=True)
 class FitOptions:
-    """Settings of one ``fit`` call (PyMC fit keywords)."""
+    """Settings of one ``fit`` call (PyMC fit keywords). ``learning_rate`` is ``None`` for the
+    automatic step size (:mod:`pymc_gpf.stepsize`), else the fixed pair ``(eta1, eta2)``."""
 
-    learning_rate: tuple[float, float]
+    learning_rate: tuple[float, float] | None
     optimizer: Optimizer
     clip_norm: float | None
     more_obj_params: tuple[SharedVariable, ...]
     backend: str | None
     compile_kwargs: dict = field(default_factory=dict)
     include_transformed: bool = False
+    tol: float | None = None
+
+    @property
+    def auto(self) -> bool:
+        """The automatic step size (the default), rather than a fixed ``learning_rate``."""
+        return self.learning_rate is None
 
     def chain(self, particle_axes: Sequence[int] = ()) -> Transform:
         """Clip (optional), then precondition: the optimiser of one array."""
@@ -88,7 +105,8 @@ class FitOptions:
 
     def settings(self) -> dict[str, Any]:
         return {
-            "learning_rate": self.learning_rate,
+            "learning_rate": AUTO if self.auto else self.learning_rate,
+            "tol": self.tol,
             "optimizer": repr(self.optimizer),
             "clip_norm": self.clip_norm,
             "more_obj_params": [p.name or repr(p) for p in self.more_obj_params],
@@ -96,8 +114,15 @@ class FitOptions:
         }
 
 
-def parse_learning_rate(learning_rate) -> tuple[float, float]:
-    """One step size or the pair ``(eta1, eta2)``, as positive floats."""
+def parse_learning_rate(learning_rate) -> tuple[float, float] | None:
+    """``"auto"`` (``None``), one step size or the pair ``(eta1, eta2)``, as positive floats."""
+    if learning_rate is None or (isinstance(learning_rate, str) and learning_rate == AUTO):
+        return None
+    if isinstance(learning_rate, str):
+        raise ValueError(
+            f"learning_rate is 'auto' (the default), a positive number or a pair; got "
+            f"{learning_rate!r}."
+        )
     if isinstance(learning_rate, tuple | list):
         if len(learning_rate) != 2:
             raise ValueError(
@@ -118,6 +143,11 @@ class StepGraph:
     step moves to, last axis ``D``; ``hyper_grads`` are the gradients of the free energy
     with respect to ``more_obj_params``. Random draws in the step use
     :meth:`FlowInference.standard_normal`; their generator advances outside the guard.
+
+    ``info`` are scalars the controller reads after every step (``accepted``,
+    ``step_size``, ``decrement``, ...). A step that keeps its state finite itself (the
+    automatic step sizes accept or refuse a trial inside the graph) sets ``guarded=False``:
+    ``free_energy`` is then the value *after* the step and the engine adds no rollback.
     """
 
     free_energy: Variable
@@ -127,15 +157,18 @@ class StepGraph:
     positions: Variable
     updates: dict[Variable, Variable]
     hyper_grads: list[Variable] = field(default_factory=list)
+    info: dict[str, Variable] = field(default_factory=dict)
+    guarded: bool = True
 
 
 @dataclass
 class CompiledStep:
-    """The compiled step (``() -> (free_energy, accepted)``) and the graph it came from."""
+    """The compiled step (``() -> (free_energy, ok, *info)``) and the graph it came from."""
 
     fn: Callable[[], list]
     graph: StepGraph
     options: FitOptions
+    info: tuple[str, ...] = ()
 
     def __call__(self):
         return self.fn()
@@ -214,12 +247,18 @@ class FlowInference(Inference):
     name: ClassVar[str] = ""
     default_learning_rate: ClassVar[float] = 1e-3
     default_optimizer: ClassVar[str] = "sgd"
+    auto_base_rate: ClassVar[float] = 1.0  # the automatic step at schedule rate 1
     spread_option: ClassVar[str] = "jitter"  # the option setting the initial spread
     start_points: ClassVar[str] = "particles"  # what the first step evaluates
 
     def __init__(self, *, model=None, random_seed=None, start=None):
         self.target = BatchedTarget(model)
         self.hist = np.asarray(())
+        self.step_sizes = np.asarray(())
+        self.gradient_evaluations = 0  # log-density-and-gradient evaluations, all fits
+        self.density_evaluations = 0  # log-density-only evaluations (checks, validation)
+        self.outcome: Outcome | None = None
+        self.control: Control | None = None
         self.state: State | None = None
         self.fit_options: FitOptions | None = None
         # step sizes live in a shared variable: refine(n, learning_rate=...) needs no compile
@@ -266,7 +305,8 @@ class FlowInference(Inference):
     # ------------------------------------------------------------------- seeds, start
     def _seed(self, random_seed) -> None:
         self.random_seed = random_seed
-        init_seq, _, noise_seq = seed_sequence(random_seed).spawn(3)
+        init_seq, data_seq, noise_seq = seed_sequence(random_seed).spawn(3)
+        self.target.seed(data_seq)
         self._init_rng = np.random.default_rng(init_seq)
         noise = np.random.default_rng(noise_seq)
         if hasattr(self, "noise_rng"):
@@ -291,19 +331,39 @@ class FlowInference(Inference):
             raise ValueError(f"init must be one of {INITS}, got {init!r}.")
         centre = self._start_vector()
         if init == "map":
+            centre = self._find_map(centre)
+        return centre
+
+    def _find_map(self, centre: np.ndarray) -> np.ndarray:
+        """PyMC's ``find_MAP`` started exactly at ``centre`` (PyMC 6.4 and 6.3 spell it
+        differently)."""
+        seed = int(self._init_rng.integers(2**30))
+        if "initvals" in inspect.signature(pm.find_MAP).parameters:
             found = pm.find_MAP(
                 initvals=self.target.point(centre),
                 model=self.model,
                 progressbar=False,
                 jitter=False,  # start exactly where `start` / the initial point says
-                random_seed=int(self._init_rng.integers(2**30)),
+                random_seed=seed,
                 return_inferencedata=True,
                 idata_kwargs={"include_transformed": True},
             ).posterior
-            centre = self.target.flatten(
-                {c.value_name: found[c.value_name].values[0, 0] for c in self.target.coordinates}
+            point = {
+                c.value_name: found[c.value_name].values[0, 0] for c in self.target.coordinates
+            }
+        else:  # PyMC 6.3: start values in constrained space, no jitter
+            start = None
+            if self._start:
+                constrained = self.target.compile_constrained()(centre[None, :])
+                start = {c.rv_name: constrained[c.rv_name][0] for c in self.target.coordinates}
+            point = pm.find_MAP(
+                start=start,
+                model=self.model,
+                progressbar=False,
+                seed=seed,
+                include_transformed=True,
             )
-        return centre
+        return self.target.flatten(point)
 
     def configure(self, *, model=None, random_seed=None, start=None) -> None:
         """Apply ``pm.fit``'s ``model``/``random_seed``/``start`` to an existing instance
@@ -339,12 +399,15 @@ class FlowInference(Inference):
         backend,
         compile_kwargs,
         include_transformed,
+        tol=None,
     ) -> FitOptions:
-        if learning_rate is None:
-            learning_rate = self.default_learning_rate
         rates = parse_learning_rate(learning_rate)
         if clip_norm is not None:
             clip_norm = positive("clip_norm", clip_norm)
+        if tol is not None:
+            tol = positive("tol", tol)
+        elif rates is None:
+            tol = MINIBATCH_TOL if self.target.minibatch else DEFAULT_TOL
         params = tuple(more_obj_params or ())
         for p in params:
             if not isinstance(p, SharedVariable) or p.dtype not in ("float32", "float64"):
@@ -357,41 +420,104 @@ class FlowInference(Inference):
                     f"more_obj_params: {p.name or p!r} is not used by the model's log-density, "
                     "so the free energy does not depend on it."
                 )
+        resolved = resolve(self.default_optimizer if optimizer is None else optimizer)
+        if rates is None and (optimizer is not None or clip_norm is not None):
+            raise ValueError(
+                "optimizer= and clip_norm= shape a fixed-step fit; the automatic step size "
+                "(the default) uses natural-gradient steps and needs neither. Pass a "
+                "learning_rate too to use them (e.g. learning_rate=0.01, optimizer='adam')."
+            )
         compile_kwargs_for(backend, compile_kwargs)  # validates backend vs compile_kwargs
         return FitOptions(
             learning_rate=rates,
-            optimizer=resolve(self.default_optimizer if optimizer is None else optimizer),
+            optimizer=resolved,
             clip_norm=clip_norm,
             more_obj_params=params,
             backend=backend,
             compile_kwargs=dict(compile_kwargs or {}),
             include_transformed=bool(include_transformed),
+            tol=tol,
         )
+
+    def _control(self, options: FitOptions) -> Control:
+        """The fit's controller: :class:`~pymc_gpf.control.FixedSteps` for a fixed
+        ``learning_rate``; automatic fits use :meth:`_stochastic_control` (methods with a
+        deterministic objective override this)."""
+        if not options.auto:
+            return FixedSteps(options.tol)
+        return self._stochastic_control(options)
+
+    def _stochastic_control(self, options: FitOptions) -> Stochastic:
+        def set_rate(rate: float) -> None:
+            base = self.auto_base_rate
+            self._learning_rates.set_value(np.full(2, rate * base, dtype=self.target.dtype))
+
+        return Stochastic(
+            options.tol,
+            location=self._location,
+            params=lambda: [p.get_value() for p in self.approx.params],
+            set_params=lambda arrays: [
+                p.set_value(a.astype(p.dtype))
+                for p, a in zip(self.approx.params, arrays, strict=True)
+            ],
+            set_rate=set_rate,
+        )
+
+    def _location(self) -> tuple[np.ndarray, np.ndarray]:
+        """Where q is and how wide, for the stochastic stopping test: ``(mean, sd)``."""
+        q = self.approx.gaussian()
+        return q.mean, np.sqrt(np.maximum(q.marginal_variances(), 0.0))
 
     # ------------------------------------------------------------------------ compile
     def _compile(self, options: FitOptions) -> CompiledStep:
-        self._learning_rates.set_value(np.asarray(options.learning_rate, dtype=self.target.dtype))
+        rates = options.learning_rate if not options.auto else (self.auto_base_rate,) * 2
+        self._learning_rates.set_value(np.asarray(rates, dtype=self.target.dtype))
         graph = self._build_step(options)
         updates = dict(graph.updates)
         keys = {var: var.name for var in updates}
         pairs = zip(options.more_obj_params, graph.hyper_grads, strict=True)
+        if not graph.guarded and options.more_obj_params:
+            raise RuntimeError("an unguarded step must update its hyperparameters itself")
         for i, (theta, grad) in enumerate(pairs):
+            if not graph.guarded:
+                break
             shape = np.shape(theta.get_value())
             direction, opt_updates = transform_direction(options.chain(), grad, shape, f"hyper{i}")
             updates[theta] = (theta - self.learning_rates[0] * direction).astype(theta.dtype)
             updates.update(opt_updates)
             keys.update({var: var.name for var in opt_updates})
             keys[theta] = f"hyper{i}"  # the user's variable: its name may be None or clash
+        for i, theta in enumerate(options.more_obj_params):
+            keys[theta] = f"hyper{i}"
+        state = {self._learning_rates.name: self._learning_rates}
+        if graph.guarded:
+            updates, ok = self._guard(graph, updates, keys, state)
+        else:
+            ok = pt.isfinite(graph.free_energy)
+            for var in updates:
+                _add_state(state, keys[var], var)
+        self.state_vars = state
+        info = dict(graph.info)
+        fn = compile_pymc(
+            [],
+            [graph.free_energy, ok, *info.values()],
+            updates=updates,
+            random_seed=False,  # noise_rng is seeded by us and continues across compiles
+            **compile_kwargs_for(options.backend, options.compile_kwargs),
+        )
+        fn.trust_input = True
+        return CompiledStep(fn, graph, options, tuple(info))
+
+    def _guard(self, graph: StepGraph, updates: dict, keys: dict, state: dict):
+        """Accept only a finite step from a state with a finite free energy. A step is
+        rejected when the new state is not finite (the state stays) or when the current
+        state turns out to have a non-finite free energy (roll back to the previous one),
+        so the state kept always has a finite free energy: the last good one."""
         here_ok = pt.isfinite(graph.free_energy)
         next_ok = here_ok
         for value in updates.values():
             next_ok = next_ok & pt.all(pt.isfinite(value))
-        # Accept only a finite step from a state with a finite free energy. A step is
-        # rejected when the new state is not finite (the state stays) or when the current
-        # state turns out to have a non-finite free energy (roll back to the previous one),
-        # so the state kept always has a finite free energy: the last good one.
         guarded = {}
-        state = {self._learning_rates.name: self._learning_rates}
         for var, value in updates.items():
             key = keys[var]
             previous = pytensor.shared(var.get_value(), name=f"{key}_previous")
@@ -399,22 +525,12 @@ class FlowInference(Inference):
             guarded[previous] = pt.switch(next_ok, var, previous)
             _add_state(state, key, var)
             _add_state(state, previous.name, previous)
-        ok = next_ok
-        self.state_vars = state
-        fn = compile_pymc(
-            [],
-            [graph.free_energy, ok],
-            updates=guarded,
-            random_seed=False,  # noise_rng is seeded by us and continues across compiles
-            **compile_kwargs_for(options.backend, options.compile_kwargs),
-        )
-        fn.trust_input = True
-        return CompiledStep(fn, graph, options)
+        return guarded, next_ok
 
     # ---------------------------------------------------------------------------- fit
     def fit(
         self,
-        n: int = 10000,
+        n: int | None = None,
         score=None,
         callbacks=None,
         progressbar: bool = True,
@@ -422,33 +538,49 @@ class FlowInference(Inference):
         *,
         backend: str | None = None,
         include_transformed: bool = False,
-        learning_rate: float | tuple[float, float] | None = None,
+        learning_rate: float | tuple[float, float] | str | None = AUTO,
+        tol: float | None = None,
         optimizer: str | Optimizer | None = None,
         clip_norm: float | None = None,
         more_obj_params: Sequence[SharedVariable] | None = None,
         compile_kwargs: dict | None = None,
         **kwargs,
     ):
-        """Run ``n`` steps; returns the approximation (PyMC's ``Inference.fit`` contract).
+        """Fit until converged, at most ``n`` steps; returns the approximation (PyMC's
+        ``Inference.fit`` contract).
 
         Parameters
         ----------
         n
-            Number of steps.
+            The maximum number of steps (a fit at the automatic step size stops by itself
+            when it has converged; a fixed ``learning_rate`` runs ``n`` steps unless
+            ``tol`` is given). Default 10 000 as PyMC, 100 000 when the model reads
+            ``pm.Minibatch`` data (each step then sees a subsample).
         learning_rate
-            One step size or a pair ``(eta1, eta2)``: the shift and the linear part of
-            eq. 13 (GPF), the mean and the factor of eq. 11 (GF), the particles (eq. 20) and
-            the local Gaussians (eq. 21) for WVGD. Default 1e-3 (GPF, GF), 0.01 (WVGD).
+            ``"auto"`` (default): natural-gradient steps whose size adapts by itself
+            (backtracking for GPF on full data, a trust region with a step-halving schedule
+            and iterate averaging for stochastic objectives; :mod:`pymc_gpf.stepsize`,
+            :mod:`pymc_gpf.control`). A number or a pair ``(eta1, eta2)`` runs the paper's
+            fixed-step update instead: the shift and the linear part of eq. 13 (GPF), the
+            mean and the factor of eq. 11 (GF), the particles (eq. 20) and the local
+            Gaussians (eq. 21) for WVGD.
+        tol
+            When the fit has converged, in standard deviations of q: the distance to the
+            fixed point estimated by the natural-gradient decrement (deterministic
+            objectives) or the Monte Carlo error of the averaged iterate once the free
+            energy has stopped falling (stochastic ones). Default 0.03 at the automatic step
+            size; with a fixed ``learning_rate`` it enables a window test on the trace.
         optimizer
-            A name ("sgd", "momentum", "adam", "rmsprop", "adagrad") or a
-            :class:`pymc_gpf.optimizers.Optimizer`; default "sgd" for GPF and GF, "adam" for
-            WVGD. The adaptive ones are dimension-wise (App. H), so the step stays affine.
+            With a fixed ``learning_rate`` only: a name ("sgd", "momentum", "adam",
+            "rmsprop", "adagrad") or a :class:`pymc_gpf.optimizers.Optimizer`; default
+            "sgd" for GPF and GF, "adam" for WVGD. The adaptive ones are dimension-wise
+            (App. H), so the step stays affine.
         clip_norm
-            Bound on the norm of each update array, applied separately (one scalar each).
+            With a fixed ``learning_rate`` only: bound on the norm of each update array.
         more_obj_params
             ``pytensor.shared`` model hyperparameters learnt jointly by descending the free
             energy (type-II maximum likelihood; the regularised free energy of §3.4.1 for
-            GPF), with ``eta1`` and the same optimiser.
+            GPF).
         compile_kwargs, backend
             As in PyMC (``backend="c"``, ``"numba"``, ``"jax"``).
         callbacks, progressbar, progressbar_theme, include_transformed
@@ -460,15 +592,19 @@ class FlowInference(Inference):
 
         Notes
         -----
-        Calling ``fit`` again continues from the current state with a fresh optimiser (and a
-        new compiled step); :meth:`refine` continues with the same one.
+        How the fit ended is ``approx.outcome`` (also in the DataTree's ``fit`` group); a
+        fit that did not converge warns. Calling ``fit`` again continues from the current
+        state with a fresh optimiser and step-size schedule (and a new compiled step);
+        :meth:`refine` continues with the same ones.
         """
         if kwargs:
             raise TypeError(
                 f"{type(self).__name__}.fit() got unexpected keyword(s) {sorted(kwargs)}; "
-                "it accepts learning_rate, optimizer, clip_norm, more_obj_params, "
+                "it accepts learning_rate, tol, optimizer, clip_norm, more_obj_params, "
                 "compile_kwargs, callbacks, progressbar, backend and include_transformed."
             )
+        if n is None:
+            n = MINIBATCH_MAX_STEPS if self.target.minibatch else DEFAULT_MAX_STEPS
         if not is_integer(n, 0):
             raise ValueError(f"n (the number of steps) must be a non-negative integer, got {n!r}.")
         options = self._options(
@@ -479,9 +615,11 @@ class FlowInference(Inference):
             backend,
             compile_kwargs,
             include_transformed,
+            tol,
         )
         step = self._compile(options)
         self.fit_options = options
+        self.control = self._control(options)
         done = 0 if self.state is None else self.state.i
         self.state = State(done, step=step, callbacks=list(callbacks or []), score=True)
         self._run(int(n), progressbar, progressbar_theme)
@@ -494,26 +632,66 @@ class FlowInference(Inference):
         progressbar_theme=default_progress_theme,
         *,
         learning_rate: float | tuple[float, float] | None = None,
+        tol: float | None = None,
     ):
-        """Continue with the last compiled step, optimiser state, callbacks and history;
-        ``learning_rate`` changes the step size from here on (e.g. after a divergence)."""
+        """Continue with the last compiled step, optimiser state, callbacks and history (at
+        most ``n`` more steps). With a fixed step size, ``learning_rate`` changes it from
+        here on (e.g. after a divergence); ``tol`` changes the stopping tolerance."""
         if self.state is None:
             raise TypeError("Need to call `.fit` first")
         if not is_integer(n, 0):
             raise ValueError(f"n (the number of steps) must be a non-negative integer, got {n!r}.")
         if learning_rate is not None:
             rates = parse_learning_rate(learning_rate)
+            if rates is None or self.fit_options.auto:
+                raise ValueError(
+                    "refine(learning_rate=...) changes a fixed step size; this fit "
+                    f"{'uses' if self.fit_options.auto else 'cannot switch to'} the automatic "
+                    "one. Start a new fit with the step size you want instead."
+                )
             self._learning_rates.set_value(np.asarray(rates, dtype=self.target.dtype))
             self.fit_options = replace(self.fit_options, learning_rate=rates)
+        if tol is not None:
+            self.fit_options = replace(self.fit_options, tol=positive("tol", tol))
+            self.control.tol = self.fit_options.tol
         self._run(int(n), progressbar, progressbar_theme)
         return self.approx
 
+    def _finish(self, reason: str) -> None:
+        """The fit is over for now (any reason but a divergence): last touches."""
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """Method state kept outside shared variables (JSON-able), for a saved fit."""
+        return {}
+
+    def load_checkpoint_extra(self, extra: dict[str, Any]) -> None:
+        """Restore :meth:`checkpoint_extra`."""
+
+    def _on_stop(self, reason: str, step: int) -> str | None:
+        """The controller asked to stop for ``reason`` after ``step`` steps in all; a method
+        may act (e.g. restore a state, restart with more particles) and return ``None`` to
+        go on."""
+        return reason
+
+    def _evaluations_per_step(self) -> tuple[int, int]:
+        """Points at which one step evaluates the log-density with its gradient, and
+        without."""
+        raise NotImplementedError
+
+    def _step_size_of(self, info: dict[str, float]) -> float:
+        if "step_size" in info:
+            return float(info["step_size"])
+        return float(self._learning_rates.get_value()[0])
+
     def _run(self, n: int, progressbar: bool, progressbar_theme) -> None:
         start, step, callbacks, _ = self.state
+        self.control.resume()
         scores = np.full(n, np.nan)
+        sizes = np.full(n, np.nan)
         done = 0
         failure = None
         rolled_back = False
+        reason = "max_steps"
         try:
             with CustomProgress(
                 *Progress.get_default_columns(),
@@ -523,31 +701,95 @@ class FlowInference(Inference):
             ) as progress:
                 task = progress.add_task(f"Fitting {self.name.upper()}:", total=n, loss="")
                 for i in range(n):
-                    free_energy, ok = step()
+                    free_energy, ok, *values = step()
+                    info = dict(zip(step.info, (float(v) for v in values), strict=True))
                     if not ok:
                         failure = start + i
                         # the state before this step had a non-finite free energy, so the
                         # guard rolled back one more step: its history entry goes too
-                        rolled_back = not np.isfinite(free_energy)
+                        rolled_back = step.graph.guarded and not np.isfinite(free_energy)
+                        reason = "divergence"
                         break
                     scores[i] = free_energy
+                    sizes[i] = self._step_size_of(info)
+                    grads, densities = self._evaluations_per_step()
+                    self.gradient_evaluations += grads
+                    self.density_evaluations += densities
                     done = i + 1
-                    if done % 10 == 0 or done == n:
+                    stop = self.control.observe(float(free_energy), info)
+                    if stop is not None:
+                        stop = self._on_stop(stop, start + done)
+                    if done % 10 == 0 or done == n or stop is not None:
                         progress.update(
-                            task, completed=done, loss=f"Free energy = {float(free_energy):,.6g}"
+                            task, completed=done, loss=self._progress_text(free_energy, info)
                         )
                     for callback in callbacks:
                         callback(self.approx, scores[:done], start + done)
+                    if stop is not None:
+                        reason = stop
+                        progress.update(
+                            task,
+                            completed=n,
+                            loss=self._progress_text(
+                                free_energy, info, self.control.describe(stop).split(":")[0]
+                            ),
+                        )
+                        break
         except StopIteration as stop:
             logger.info(str(stop))
+            reason = "callback"
         except KeyboardInterrupt:
             logger.info("Interrupted at step %d; returning the fit so far.", start + done)
+            reason = "interrupted"
         finally:
             hist = np.concatenate([self.hist, scores[:done]])
-            self.hist = hist[:-1] if rolled_back and len(hist) else hist
+            self.step_sizes = np.concatenate([self.step_sizes, sizes[:done]])
+            if rolled_back and len(hist):
+                hist, self.step_sizes = hist[:-1], self.step_sizes[:-1]
+            self.hist = hist
             self.state = self.state._replace(i=len(self.hist))
+            self.outcome = self._outcome(reason, n)
+            self.control.finish(reason)
+            if failure is None:
+                self._finish(reason)
         if failure is not None:
             raise self._failure(failure, step.diagnose(self.target))
+        if self.outcome.converged is False and reason not in ("callback", "interrupted") and n > 0:
+            if self.fit_options.auto or self.fit_options.tol is not None:
+                warnings.warn(
+                    f"{self.name.upper()} did not converge: {self.outcome.message}",
+                    UserWarning,
+                    stacklevel=4,
+                )
+
+    def _outcome(self, reason: str, n: int) -> Outcome:
+        converged: bool | None = reason in ("converged", "overfitting")
+        if reason == "max_steps":
+            message = (
+                f"{self.control.describe(reason)} ({n} steps this call); continue with "
+                "approx.refine(n)"
+            )
+            if not self.fit_options.auto and self.fit_options.tol is None:
+                converged = None  # nothing was tested
+                message = f"ran the {n} steps asked for (fixed step size, no stopping test)"
+        else:
+            message = self._describe(reason)
+        return Outcome(converged, reason, len(self.hist), message)
+
+    def _describe(self, reason: str) -> str:
+        """Why the fit stopped, in words."""
+        return self.control.describe(reason)
+
+    def _progress_text(self, free_energy: float, info: dict[str, float], status: str = "") -> str:
+        text = f"Free energy = {float(free_energy):,.6g}"
+        if "step_size" in info:
+            text += f", step {info['step_size']:.2g}"
+        if "decrement" in info and self.fit_options.tol:
+            distance = math.sqrt(max(info["decrement"], 0.0))
+            text += f", distance {distance:.2g} (tol {self.fit_options.tol:g})"
+        elif self.fit_options.auto:
+            text += f", step {float(self._learning_rates.get_value()[0]):.2g}"
+        return f"{text}; {status}" if status else text
 
     def _nonfinite_terms(self, points: np.ndarray, logp: np.ndarray) -> list[str]:
         bad = points[~np.isfinite(logp)][:3]
@@ -582,13 +824,23 @@ class FlowInference(Inference):
         else:  # only the free energy overflowed: point at the steepest variable
             steepest = self.target.variables_at(np.array([np.nanargmax(max_grad)]))
             where = f" in the free energy (the largest gradients are in {steepest})"
+        if self.fit_options.auto:
+            advice = (
+                "The automatic step size refuses non-finite steps, so this state came from the "
+                "start: check the model's log-density there (start values inside each "
+                f"variable's support, a smaller {self.spread_option})."
+            )
+        else:
+            advice = (
+                f"This fit used the fixed learning_rate {self.fit_options.learning_rate}: "
+                f"refit without it (pm.fit(method='{self.name}')) for the automatic step size, "
+                "which adapts to the posterior's scales and never takes a non-finite step; "
+                "or continue this state with a much smaller one: "
+                "err.approx.refine(n, learning_rate=...)."
+            )
         return DivergenceError(
             f"{self.name.upper()} diverged at step {step_index}: the update produced non-finite "
             f"values{where}. The approximation keeps the last state with a finite free "
-            f"energy, after {len(self.hist)} steps (err.approx, with its history). Continue it "
-            f"with a smaller learning_rate (this fit used {self.fit_options.learning_rate}): "
-            "err.approx.refine(n, learning_rate=...); or refit with a clip_norm or "
-            f"optimizer='adam'; starting closer (init='map', smaller {self.spread_option}) "
-            "also helps.",
+            f"energy, after {len(self.hist)} steps (err.approx, with its history). {advice}",
             self.approx,
         )

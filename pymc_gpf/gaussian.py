@@ -96,6 +96,13 @@ class GaussianQ:
         ]
         return float(np.min(np.concatenate(values)))
 
+    def marginal_variances(self) -> np.ndarray:
+        """The diagonal of C (``(D,)``)."""
+        out = np.empty(self.ndim, dtype=self.mean.dtype)
+        for b, f in zip(self.blocks, self.factors, strict=True):
+            out[b] = np.square(f) if f.ndim == 1 else np.sum(np.square(f), axis=1)
+        return out
+
     def with_ridge(self, ridge: float) -> GaussianQ:
         return GaussianQ(self.mean, self.blocks, self.factors, float(ridge))
 

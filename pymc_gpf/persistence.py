@@ -25,6 +25,7 @@ import xarray as xr
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.traversal import ancestors
 
+from pymc_gpf.control import Outcome
 from pymc_gpf.optimizers import OPTIMIZERS, Optimizer
 
 if TYPE_CHECKING:
@@ -62,7 +63,8 @@ def _checkpoint(inference: FlowInference) -> xr.Dataset:
         raise ValueError("Nothing to save yet: fit first (pm.fit(...) or inference.fit(n)).")
     options = inference.fit_options
     fit = {
-        "learning_rate": list(options.learning_rate),
+        "learning_rate": "auto" if options.auto else list(options.learning_rate),
+        "tol": options.tol,
         "optimizer": _optimizer_json(options.optimizer),
         "clip_norm": options.clip_norm,
         "backend": options.backend,
@@ -86,7 +88,15 @@ def _checkpoint(inference: FlowInference) -> xr.Dataset:
         "random_seed": _json(seed if isinstance(seed, int | list | None) else None, "seed"),
         "noise_rng": _json(inference.noise_rng.get_value().bit_generator.state, "rng state"),
         "flat_coordinates": _json(inference.target.labels, "labels"),
+        "data_rngs": _json(inference.target.data_rng_states(), "minibatch rng state"),
+        "control": _json(inference.control.state(), "the step-size controller's state"),
+        "outcome": _json(None if inference.outcome is None else vars(inference.outcome), "outcome"),
+        "extra": _json(inference.checkpoint_extra(), "the method's extra state"),
+        "evaluations": _json(
+            [int(inference.gradient_evaluations), int(inference.density_evaluations)], "counts"
+        ),
     }
+    arrays["step_size"] = xr.DataArray(np.asarray(inference.step_sizes), dims=["step_size_dim0"])
     return xr.Dataset(arrays, attrs=attrs)
 
 
@@ -102,7 +112,7 @@ def to_datatree(approx: FlowApproximation, draws: int = 0, random_seed=None) -> 
         tree = build_datatree(
             approx.model,
             None,
-            free_energy=approx.hist,
+            fit=approx.fit_group(),
             method=approx.inference.name,
             method_group=approx.method_group(),
         )
@@ -187,18 +197,20 @@ def load(source: str | Path | xr.DataTree, model: pm.Model | None = None) -> Flo
         )
     fit = json.loads(attrs["fit"])
     optimizer = fit["optimizer"]
+    auto = fit["learning_rate"] == "auto"
     inference.fit(
         0,
         progressbar=False,
-        learning_rate=tuple(fit["learning_rate"]),
-        optimizer=_OPTIMIZER_CLASSES[optimizer["class"]](**optimizer["fields"]),
+        learning_rate="auto" if auto else tuple(fit["learning_rate"]),
+        tol=fit.get("tol"),
+        optimizer=None if auto else _OPTIMIZER_CLASSES[optimizer["class"]](**optimizer["fields"]),
         clip_norm=fit["clip_norm"],
         more_obj_params=_hyperparameters(model, json.loads(attrs["hyperparameters"])),
         backend=fit["backend"],
         compile_kwargs=fit["compile_kwargs"],
         include_transformed=fit["include_transformed"],
     )
-    expected, saved = set(inference.state_vars), set(checkpoint.data_vars)
+    expected, saved = set(inference.state_vars), set(checkpoint.data_vars) - {"step_size"}
     if expected != saved:
         raise ValueError(
             f"The checkpoint does not match this version of pymc-gpf's {attrs['method']} "
@@ -207,6 +219,13 @@ def load(source: str | Path | xr.DataTree, model: pm.Model | None = None) -> Flo
     for key, var in inference.state_vars.items():
         var.set_value(checkpoint[key].values.astype(var.dtype))
     inference.hist = np.asarray(tree["fit"]["free_energy"].values, dtype=float)
+    inference.step_sizes = np.asarray(checkpoint["step_size"].values, dtype=float)
+    inference.target.set_data_rng_states(json.loads(attrs["data_rngs"]))
+    inference.control.load(json.loads(attrs["control"]))
+    outcome = json.loads(attrs["outcome"])
+    inference.outcome = None if outcome is None else Outcome(**outcome)
+    inference.load_checkpoint_extra(json.loads(attrs["extra"]))
+    inference.gradient_evaluations, inference.density_evaluations = json.loads(attrs["evaluations"])
     inference.state = inference.state._replace(i=int(attrs["step"]))
     inference.random_seed = json.loads(attrs["random_seed"])
     rng = np.random.default_rng()

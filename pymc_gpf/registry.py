@@ -35,7 +35,7 @@ def _original():
 def _wrap(original):
     @functools.wraps(original)
     def fit(
-        n=10000,
+        n=None,
         method="advi",
         model=None,
         random_seed=None,
@@ -72,7 +72,7 @@ def _wrap(original):
         else:
             try:
                 return original(
-                    n,
+                    10000 if n is None else n,
                     method,
                     model,
                     random_seed,

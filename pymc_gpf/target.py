@@ -29,6 +29,7 @@ from pymc.variational.minibatch_rv import MinibatchRandomVariable
 from pytensor.compile.ops import ViewOp
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
+from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.replace import clone_replace, graph_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.blockwise import Blockwise
@@ -211,7 +212,30 @@ class BatchedTarget:
         self.ndim = start
         self.dtype = pytensor.config.floatX
         [logp], self._flat = join_nonshared_inputs(self._point, [model.logp()], self.value_vars)
-        self._logp = logp
+        # random generators in the log-density (pm.Minibatch's row sampler) are replaced by
+        # our own, which the fit seeds: the model's own stay as they were, and the same
+        # random_seed gives the same minibatches
+        self._rngs = {
+            var: pytensor.shared(np.random.default_rng(0), name=f"{var.name or 'data'}_rng")
+            for var in ancestors([logp])
+            if isinstance(var, SharedVariable) and isinstance(var.type, RandomGeneratorType)
+        }
+        self._logp = graph_replace([logp], self._rngs, strict=False)[0] if self._rngs else logp
+
+    def seed(self, seed: np.random.SeedSequence) -> None:
+        """Seed the generators the log-density draws from (minibatch rows)."""
+        for rng, child in zip(self._rngs.values(), seed.spawn(len(self._rngs)), strict=True):
+            rng.set_value(np.random.default_rng(child), borrow=True)
+
+    def data_rng_states(self) -> list[dict]:
+        """The states of those generators (to save a fit and continue it exactly)."""
+        return [rng.get_value().bit_generator.state for rng in self._rngs.values()]
+
+    def set_data_rng_states(self, states: list[dict]) -> None:
+        for rng, state in zip(self._rngs.values(), states, strict=True):
+            generator = np.random.default_rng()
+            generator.bit_generator.state = state
+            rng.set_value(generator, borrow=True)
 
     # ----------------------------------------------------------------- symbolic graphs
     def logp_and_grads(
@@ -235,10 +259,47 @@ class BatchedTarget:
             [particles], [logp, grad], **compile_kwargs_for(backend, compile_kwargs)
         )
 
-    def compile_logp(self, backend: str | None = None, compile_kwargs: dict | None = None):
-        """The batched log-density ``X (S, D) -> logp (S,)``, without the gradient."""
+    def logp(self, points: Variable, full_data: bool = False) -> Variable:
+        """Per-row log-density ``(K,)`` of ``points`` ``(K, D)``, without the gradient;
+        ``full_data`` replaces ``pm.Minibatch`` data by the whole data set (the ``total_size``
+        scaling then becomes 1)."""
+        graph = self._full_data_logp if full_data else self._logp
+        [logp] = vectorize_rows([graph], self._flat, points, what="log-density")
+        return logp
+
+    @cached_property
+    def _full_data_logp(self) -> Variable:
+        if not self.minibatch:
+            return self._logp
+        from pymc.model.fgraph import fgraph_from_model, model_from_fgraph
+
+        fgraph, _ = fgraph_from_model(self.model)
+        replace = {}
+        for node in fgraph.apply_nodes:
+            if isinstance(node.op, MinibatchOp):
+                # the Op's last input and output are its random generator and its update
+                replace.update(zip(node.outputs[:-1], node.inputs[:-1], strict=True))
+        # the minibatch's static length is in the types downstream: rebuild them
+        outputs = clone_replace(fgraph.outputs, replace, rebuild_strict=False)
+        full_graph = FunctionGraph(outputs=outputs, clone=False)
+        full_graph._coords, full_graph._dim_lengths = fgraph._coords, fgraph._dim_lengths
+        full = model_from_fgraph(full_graph, mutate_fgraph=True)
+        values = {v.name: v for v in full.value_vars}
+        [logp], flat = join_nonshared_inputs(
+            self._point, [full.logp()], [values[v.name] for v in self.value_vars]
+        )
+        return graph_replace([logp], {flat: self._flat}, strict=False)[0]
+
+    def compile_logp(
+        self,
+        backend: str | None = None,
+        compile_kwargs: dict | None = None,
+        full_data: bool = False,
+    ):
+        """The batched log-density ``X (S, D) -> logp (S,)``, without the gradient (of the
+        whole data set with ``full_data``, see :meth:`logp`)."""
         points = pt.matrix("points", dtype=self.dtype)
-        [logp] = vectorize_rows([self._logp], self._flat, points, what="log-density")
+        logp = self.logp(points, full_data)
         return compile_pymc([points], logp, **compile_kwargs_for(backend, compile_kwargs))
 
     @cached_property

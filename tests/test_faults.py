@@ -52,7 +52,7 @@ def _snapshot(model):
 # --------------------------------------------------------------- options, per method
 BAD_OPTIONS = [
     # (method, inf_kwargs, fit keywords, error, message)
-    ("gpf", {"n_particles": 1}, {}, ValueError, "n_particles must be an integer >= 2"),
+    ("gpf", {"n_particles": 1}, {}, ValueError, "n_particles must be 'auto' or an integer >= 2"),
     ("gpf", {"n_particles": 2.5}, {}, ValueError, "n_particles"),
     ("gpf", {"n_particles": True}, {}, ValueError, "n_particles"),
     ("gpf", {"jitter": 0.0}, {}, ValueError, "jitter must be a positive"),
@@ -70,7 +70,7 @@ BAD_OPTIONS = [
     ("gf", {"rank": 4}, {}, ValueError, "rank must be an integer between 1 and D = 3"),
     ("gf", {"rank": 2.0}, {}, ValueError, "rank must be an integer"),
     ("gf", {"rank": 2, "structure": "diagonal"}, {}, ValueError, "rank applies to 'full'"),
-    ("gf", {"n_samples": 0}, {}, ValueError, "n_samples must be an integer >= 1"),
+    ("gf", {"n_samples": 0}, {}, ValueError, "n_samples must be 'auto' or an integer >= 1"),
     ("gf", {"init_scale": 0.0}, {}, ValueError, "init_scale must be positive"),
     ("gf", {"init_scale": float("nan")}, {}, ValueError, "init_scale must be a positive finite"),
     ("gf", {"structure": "banded"}, {}, ValueError, "Unknown structure 'banded'"),

@@ -1,6 +1,8 @@
 """Save and load: a fit written to netCDF or zarr and loaded on a freshly built model
 continues with ``refine`` exactly as an uninterrupted run with the same seed."""
 
+import warnings
+
 import numpy as np
 import pymc as pm
 import pytensor
@@ -18,8 +20,13 @@ CASES = [
     # dimension-wise Adam: its moments are part of the state that must survive
     ("gpf", {"n_particles": 5}, {"optimizer": "adam", "learning_rate": 0.01}),
     ("gf", {"n_samples": 5}, {"learning_rate": 1e-3}),  # draws: the random stream too
-    ("wvgd", {"n_particles": 3}, {}),  # running cell weights, Adam
+    ("wvgd", {"n_particles": 3}, {"learning_rate": 0.01}),  # running cell weights, Adam
+    # the automatic step sizes: line-search state, independent cloud, step-size schedule
+    ("gpf", {}, {}),
+    ("gf", {}, {}),
+    ("wvgd", {"n_particles": 3}, {}),
 ]
+IDS = ["gpf-adam", "gf-sgd", "wvgd-adam", "gpf-auto", "gf-auto", "wvgd-auto"]
 
 
 def _fit(model, n, method, inf_kwargs, fit_kwargs):
@@ -41,20 +48,31 @@ def _assert_same_fit(a, b):
     assert a.inference.state.i == b.inference.state.i == len(a.hist)
 
 
-@pytest.mark.parametrize("method,inf_kwargs,fit_kwargs", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("method,inf_kwargs,fit_kwargs", CASES, ids=IDS)
 def test_a_loaded_fit_continues_exactly(tmp_path, regression_data, method, inf_kwargs, fit_kwargs):
-    whole = _fit(regression(*regression_data), 60, method, inf_kwargs, fit_kwargs)
-    part = _fit(regression(*regression_data), 30, method, inf_kwargs, fit_kwargs)
+    """Saved half way (before an automatic fit stopped by itself), loaded and refined: the
+    same particles or parameters, trace, step sizes and outcome as the uncut fit."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # automatic fits cut short
+        whole = _fit(regression(*regression_data), 60, method, inf_kwargs, fit_kwargs)
+        cut = min(30, len(whole.hist) // 2)
+        part = _fit(regression(*regression_data), cut, method, inf_kwargs, fit_kwargs)
     path = part.save(tmp_path / "fit.nc", draws=25, random_seed=1)
     loaded = pymc_gpf.load(path, model=regression(*regression_data))
     assert type(loaded) is type(part) and loaded.inference.settings() == part.inference.settings()
-    loaded.refine(30)
+    loaded.refine(60 - cut)
     _assert_same_fit(loaded, whole)
+    np.testing.assert_array_equal(loaded.inference.step_sizes, whole.inference.step_sizes)
+    assert (loaded.outcome.reason, loaded.outcome.converged) == (
+        whole.outcome.reason,
+        whole.outcome.converged,
+    )
     draws = [a.sample(10, random_seed=4)["posterior"]["slope"].values for a in (loaded, whole)]
     np.testing.assert_array_equal(*draws)
     saved = xr.open_datatree(path, engine="h5netcdf")
     assert saved["posterior"]["sigma"].shape == (1, 25)
     np.testing.assert_array_equal(saved["fit"]["free_energy"].values, part.hist)
+    np.testing.assert_array_equal(saved["fit"]["step_size"].values, part.inference.step_sizes)
     saved.close()
 
 
@@ -130,6 +148,6 @@ def test_clear_errors(tmp_path, regression_model, regression_data):
         pass
 
     custom = pymc_gpf.GPF(4, model=regression_model, random_seed=1)
-    custom.fit(2, optimizer=Custom(), progressbar=False)
+    custom.fit(2, optimizer=Custom(), learning_rate=1e-3, progressbar=False)
     with pytest.raises(ValueError, match="custom optimizer"):
         custom.approx.save(tmp_path / "custom.nc")

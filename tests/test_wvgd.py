@@ -18,7 +18,9 @@ import pymc_gpf
 from pymc_gpf.wvgd import flow
 
 
-def _fit(model, n, seed=1, callbacks=None, learning_rate=None, optimizer=None, **inf_kwargs):
+def _fit(model, n, seed=1, callbacks=None, learning_rate=0.01, optimizer=None, **inf_kwargs):
+    """A fixed-step fit (Adam 0.01, the authors' setting): these tests check WVGD's maths
+    after a known number of steps; the automatic step size has its own test."""
     return pm.fit(
         n,
         method="wvgd",

@@ -26,7 +26,16 @@ from pytensor.graph.basic import Variable
 from pymc_gpf.gaussian import LOG_2PI_E, logdet_spd
 from pymc_gpf.structure import Structure, assemble_columns, take_columns
 
-__all__ = ["deviations", "factor_directions", "free_energy", "log_det_factor", "mean_direction"]
+__all__ = [
+    "deviations",
+    "factor_directions",
+    "free_energy",
+    "log_det_factor",
+    "mean_direction",
+    "natural_directions",
+    "standardised_antithetic",
+    "whitened_antithetic",
+]
 
 
 def deviations(factors: list[Variable], noise: list[Variable], structure: Structure) -> Variable:
@@ -91,3 +100,83 @@ def free_energy(logp: Variable, factors: list[Variable], structure: Structure) -
     ``1/2 log det(Gamma^T Gamma)``: a regularised free energy, as GPF's with ``N <= D``
     (q is degenerate, so the ELBO itself is ``-inf``)."""
     return -pt.mean(logp) - log_det_factor(factors, structure) - 0.5 * structure.ndim * LOG_2PI_E
+
+
+# ----------------------------------------------------- the natural flow (tuning-free)
+def whitened_antithetic(noise: Variable) -> Variable:
+    """``(2M, K)`` draws from ``M`` standard normals ``(M, K)``: pairs ``+-u`` whitened so
+    the sample mean is 0 and the sample covariance exactly ``I`` (a cubature rule exact to
+    degree 3, :mod:`pymc_gpf.clouds`); with ``M < K`` only the pairs (an unbiased draw)."""
+    m, k = noise.type.shape
+    if m >= k:
+        chol = pt.linalg.cholesky(pt.dot(noise.T, noise) / m, on_error="nan")
+        noise = pt.linalg.solve_triangular(chol, noise.T, lower=True, check_finite=False).T
+    return pt.concatenate([noise, -noise], axis=0)
+
+
+def standardised_antithetic(noise: Variable) -> Variable:
+    """Mean field: pairs ``+-u`` with every column scaled to sample variance exactly 1."""
+    noise = noise / pt.sqrt(pt.mean(pt.square(noise), axis=0))
+    return pt.concatenate([noise, -noise], axis=0)
+
+
+def natural_directions(
+    grads: Variable, noise: list[Variable], factors: list[Variable], structure: Structure
+) -> tuple[Variable, list[Variable], Variable, Variable, Variable]:
+    """Eq. 11 preconditioned by ``C = Gamma Gamma^T`` on both parts (the natural flow of
+    :func:`pymc_gpf.gpf.flow.natural_flow` in GF's parameters).
+
+    With ``A = Gamma^T psi_eps - I``, ``psi_eps = (1/S) sum_s g_s eps_s^T``: the mean moves
+    along ``C g_bar`` and the factor along ``Gamma sym(A)`` (the antisymmetric part only
+    rotates ``Gamma``'s columns, which leaves q unchanged, so it is dropped). Both are descent
+    directions of the free energy: the directional derivatives are ``g_bar^T C g_bar`` and
+    ``|sym(A)|_F^2``. A low-rank factor (``K_b < D_b``) also moves along
+    ``lambda (I - P) psi_eps``, ``P`` the projector on its span and ``lambda`` its smallest
+    variance, so it can turn towards the top eigenspace. Returns the mean direction, the
+    factor directions, their squared sizes and the largest ``|eigenvalue|`` of the
+    ``sym(A)`` (for the trust region).
+    """
+    n_draws = grads.shape[0].astype(grads.dtype)
+    g_bar = grads.mean(axis=0)
+    if structure.diagonal:
+        sd = factors[0]
+        a = sd * pt.sum(grads * noise[0], axis=0) / n_draws - 1.0
+        shift = pt.square(sd) * g_bar
+        return shift, [sd * a], pt.dot(g_bar, shift), pt.sum(pt.square(a)), pt.max(pt.abs(a))
+    shifts, directions, dec_cov, spectral = [], [], 0.0, 0.0
+    for f, e, b in zip(factors, noise, structure.blocks, strict=True):
+        g = take_columns(grads, b)
+        psi = pt.dot(g.T, e) / n_draws  # D_b x K_b
+        a = pt.dot(f.T, psi) - pt.eye(f.type.shape[1])
+        a = 0.5 * (a + a.T)
+        g_b = take_columns(g_bar, b)
+        shift = pt.dot(f, pt.dot(f.T, g_b))
+        direction = pt.dot(f, a)
+        dec_cov = dec_cov + pt.sum(pt.square(a))
+        d_b, k_b = f.type.shape
+        if k_b < d_b:
+            gram = pt.dot(f.T, f)
+            ridge = pt.min(pt.linalg.eigh(gram)[0])
+
+            def off_span(v, f=f, gram=gram):
+                return v - pt.dot(
+                    f, pt.linalg.solve(gram, pt.dot(f.T, v), assume_a="pos", check_finite=False)
+                )
+
+            shift = shift + ridge * off_span(g_b[:, None])[:, 0]
+            turn = off_span(psi)
+            direction = direction + ridge * turn
+            dec_cov = dec_cov + ridge * pt.sum(pt.square(turn))
+        spectral = pt.maximum(spectral, _largest_abs_eigenvalue(a))
+        shifts.append(shift)
+        directions.append(direction)
+    shift = assemble_columns(shifts, structure)
+    return shift, directions, pt.dot(g_bar, shift), dec_cov, spectral
+
+
+def _largest_abs_eigenvalue(sym: Variable) -> Variable:
+    """``max |eig|`` of a symmetric ``K x K`` matrix; its Frobenius norm (an upper bound) when
+    ``K`` is large, where an eigendecomposition per step would dominate the cost."""
+    if sym.type.shape[0] > 200:
+        return pt.sqrt(pt.sum(pt.square(sym)))
+    return pt.max(pt.abs(pt.linalg.eigh(sym)[0]))

@@ -16,6 +16,7 @@ import xarray as xr
 from pymc_gpf.approximation import GaussianApproximation
 from pymc_gpf.datatree import settings_attrs
 from pymc_gpf.engine import (
+    AUTO,
     FitOptions,
     FlowInference,
     StepGraph,
@@ -25,11 +26,21 @@ from pymc_gpf.engine import (
 )
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gf import flow
+from pymc_gpf.stepsize import cap
 from pymc_gpf.structure import Structure, parse_structure
 
 __all__ = ["GF", "GFApproximation"]
 
 MAX_DEFAULT_RANK = 1000
+MIN_DEFAULT_PAIRS, MAX_DEFAULT_PAIRS = 10, 500
+MAX_SCALE_STEP = 0.5  # trust region: one step scales q's spread by at most 1 +- this
+
+
+def default_pairs(rank: int) -> int:
+    """Antithetic pairs of draws per step at the automatic step size: one per direction
+    of the factor (the whitened pairs are then a cubature rule exact to degree 3), at
+    least 10 and at most 500."""
+    return min(max(rank, MIN_DEFAULT_PAIRS), MAX_DEFAULT_PAIRS)
 
 
 def default_rank(ndim: int) -> int:
@@ -170,12 +181,20 @@ class GF(FlowInference):
         GPF's with ``N <= D``).
     n_samples
         Draws ``S >= 1`` of q per step (Monte Carlo for the update and the free energy).
+        ``"auto"`` (default): with the automatic step size, ``2 max(K, 10)`` (at most
+        1000) draws in antithetic pairs, whitened so that they integrate every polynomial
+        of degree up to 3 exactly under q; with a fixed ``learning_rate``, 10 independent
+        draws. An explicit number is honoured (at the automatic step size in pairs: an odd
+        number gets one more draw).
     structure
         ``"full"``, ``"diagonal"`` (mean field), ``"variables"`` (one block per free
         variable) or a list of lists of variable names (block-diagonal, §3.5).
     natural_mean
-        Precondition the mean step by ``Gamma Gamma^T``. With ``K < D`` the mean then moves
-        only inside ``span(Gamma)``; for low rank prefer the plain mean step.
+        Precondition the mean step by ``Gamma Gamma^T``. Default: on with the automatic
+        step size (where both steps are natural-gradient steps,
+        :func:`pymc_gpf.gf.flow.natural_directions`), off with a fixed ``learning_rate``
+        (eq. 11 as printed; with ``K < D`` the natural mean would move only inside
+        ``span(Gamma)``).
     init
         ``"initial_point"`` (the model's initial point, updated by ``start``) or ``"map"``.
     init_scale
@@ -185,6 +204,13 @@ class GF(FlowInference):
 
     Notes
     -----
+    At the automatic step size (the default) each step draws fresh whitened antithetic
+    pairs, takes natural-gradient steps inside a trust region (the mean moves at most
+    ``sqrt(K)`` of q's sds, the spread changes by at most 50 %) and the step size follows
+    :class:`pymc_gpf.control.Stochastic`: halved when the free energy stops falling, the
+    fit ending on the average of its last window once that is precise to ``tol`` sds.
+    Fresh draws make every step an unbiased estimate, so GF has no finite-N bias.
+
     Algorithm 1 of the paper prints ``phi`` for ``grad phi`` in the mean step and drops the
     ``+ eta2 Gamma`` term; eq. 11, used here, has both. Plain descent on ``Gamma`` is stable
     for ``eta2 < 2 / kappa`` (``kappa`` the condition number of the posterior covariance);
@@ -201,9 +227,9 @@ class GF(FlowInference):
         self,
         rank: int | None = None,
         *,
-        n_samples: int = 10,
+        n_samples: int | str = AUTO,
         structure: str | Sequence[Sequence[str]] = "full",
-        natural_mean: bool = False,
+        natural_mean: bool | None = None,
         init: str = "initial_point",
         init_scale: float = 0.1,
         model: pm.Model | None = None,
@@ -211,8 +237,8 @@ class GF(FlowInference):
         start: dict | None = None,
     ):
         self.rank = rank
-        self.n_samples = n_samples
-        self.natural_mean = bool(natural_mean)
+        self.n_samples = AUTO if n_samples is None else n_samples
+        self.natural_mean = natural_mean if natural_mean is None else bool(natural_mean)
         self.init = init
         self.init_scale = init_scale
         self._structure_option = structure
@@ -221,9 +247,10 @@ class GF(FlowInference):
     def _initialise(self) -> GFApproximation:
         d = self.target.ndim
         self.structure = parse_structure(self._structure_option, self.target)
-        if not is_integer(self.n_samples, 1):
+        if self.n_samples != AUTO and not is_integer(self.n_samples, 1):
             raise ValueError(
-                f"n_samples must be an integer >= 1 (draws of q per step), got {self.n_samples!r}."
+                f"n_samples must be 'auto' or an integer >= 1 (draws of q per step), got "
+                f"{self.n_samples!r}."
             )
         if self.structure.diagonal and self.rank is not None:
             raise ValueError(
@@ -251,7 +278,7 @@ class GF(FlowInference):
     def constructor_options(self) -> dict:
         return {
             "rank": None if self.rank is None else int(self.rank),
-            "n_samples": int(self.n_samples),
+            "n_samples": self.n_samples if self.n_samples == AUTO else int(self.n_samples),
             "structure": self._structure_option,
             "natural_mean": self.natural_mean,
             "init": self.init,
@@ -263,9 +290,9 @@ class GF(FlowInference):
         out = {
             "rank": self.rank,
             "ranks": [f.shape[-1] for f in self.approx.factors],
-            "n_samples": self.n_samples,
+            "n_samples": self.draws_per_step(self.fit_options),
             "structure": self.structure.describe(),
-            "natural_mean": self.natural_mean,
+            "natural_mean": self._natural_mean(self.fit_options),
             "init": self.init,
             "init_scale": self.init_scale,
             "random_seed": self.random_seed,
@@ -275,17 +302,46 @@ class GF(FlowInference):
             out.update(self.fit_options.settings())
         return out
 
+    def _natural_mean(self, options: FitOptions | None) -> bool:
+        if self.natural_mean is not None:
+            return self.natural_mean
+        return options is not None and options.auto
+
+    def _pairs(self, options: FitOptions | None) -> int:
+        if self.n_samples != AUTO:
+            return (int(self.n_samples) + 1) // 2
+        ranks = [f.shape[-1] for f in self.approx.factors]
+        return default_pairs(max(ranks))
+
+    def draws_per_step(self, options: FitOptions | None) -> int:
+        """Draws of q each step: ``n_samples``, or its automatic value."""
+        if options is not None and options.auto:
+            return 2 * self._pairs(options)
+        return 10 if self.n_samples == AUTO else int(self.n_samples)
+
     def _build_step(self, options: FitOptions) -> StepGraph:
+        if options.auto:
+            if self.natural_mean is False:
+                raise ValueError(
+                    "natural_mean=False needs a fixed learning_rate: the automatic step size "
+                    "uses natural-gradient steps. Drop natural_mean or pass a learning_rate."
+                )
+            if options.more_obj_params:
+                raise ValueError(
+                    "more_obj_params (type-II maximum likelihood) needs a fixed learning_rate "
+                    "for now, e.g. learning_rate=0.01."
+                )
+            return self._natural_step(options)
         approx = self.approx
         mean, factors = approx.shared_mean, approx.shared_factors
-        s = self.n_samples
+        s = self.draws_per_step(options)
         noise = [self.standard_normal((s, f.type.shape[-1])) for f in factors]
         deviations = flow.deviations(factors, noise, self.structure)
         points = mean + deviations
         logp, grad_logp, hyper = self.target.logp_and_grads(points, options.more_obj_params)
         grads = -grad_logp
         eta1, eta2 = self.learning_rates
-        shift = flow.mean_direction(grads, factors, self.structure, self.natural_mean)
+        shift = flow.mean_direction(grads, factors, self.structure, self._natural_mean(options))
         shift, updates = transform_direction(options.chain(), shift, mean.type.shape, "gf_mean")
         new_mean = (mean - eta1 * shift).astype(mean.dtype)
         updates[mean] = new_mean
@@ -307,4 +363,56 @@ class GF(FlowInference):
             positions=new_mean + flow.deviations(new_factors, noise, self.structure),
             updates=updates,
             hyper_grads=[-h / s for h in hyper],
+        )
+
+    def _evaluations_per_step(self) -> tuple[int, int]:
+        return self.draws_per_step(self.fit_options), 0
+
+    def _natural_step(self, options: FitOptions) -> StepGraph:
+        approx = self.approx
+        mean, factors = approx.shared_mean, approx.shared_factors
+        pairs = self._pairs(options)
+        if self.structure.diagonal:
+            noise = [flow.standardised_antithetic(self.standard_normal((pairs, self.target.ndim)))]
+        else:
+            noise = [
+                flow.whitened_antithetic(self.standard_normal((pairs, f.type.shape[-1])))
+                for f in factors
+            ]
+        deviations = flow.deviations(factors, noise, self.structure)
+        points = mean + deviations
+        logp, grad_logp, _ = self.target.logp_and_grads(points)
+        free_energy = flow.free_energy(logp, factors, self.structure)
+        shift, directions, dec_mean, dec_cov, spectral = flow.natural_directions(
+            -grad_logp, noise, factors, self.structure
+        )
+        rank = sum(f.type.shape[-1] for f in factors)
+        step = self.learning_rates[0]
+        eta_mean = cap(step, pt.sqrt(dec_mean), float(np.sqrt(rank)))
+        eta_factor = cap(0.5 * step, spectral, MAX_SCALE_STEP)
+        new_mean = mean - eta_mean * shift
+        new_factors = [f - eta_factor * d for f, d in zip(factors, directions, strict=True)]
+        accepted = pt.isfinite(free_energy) & pt.all(pt.isfinite(new_mean))
+        for f in new_factors:
+            accepted = accepted & pt.all(pt.isfinite(f))
+        previous = self._last_free_energy = pytensor.shared(
+            np.asarray(np.inf, dtype=self.target.dtype), name="gf_free_energy"
+        )
+
+        def keep(new, old):
+            return pt.switch(accepted, new, old).astype(old.dtype)
+
+        recorded = keep(free_energy, previous)
+        updates = {mean: keep(new_mean, mean), previous: recorded}
+        updates.update({f: keep(nf, f) for f, nf in zip(factors, new_factors, strict=True)})
+        return StepGraph(
+            free_energy=recorded,
+            points=points,
+            logp=logp,
+            grad=grad_logp,
+            positions=updates[mean]
+            + flow.deviations([updates[f] for f in factors], noise, self.structure),
+            updates=updates,
+            info={"accepted": accepted, "step_size": eta_mean, "decrement": dec_mean + dec_cov},
+            guarded=False,
         )

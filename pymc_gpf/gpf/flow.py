@@ -12,6 +12,9 @@ particle) are NumPy.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import NamedTuple
+
 import numpy as np
 import pytensor.tensor as pt
 
@@ -21,6 +24,7 @@ from pymc_gpf.gaussian import LOG_2PI_E, GaussianQ, logdet_spd
 from pymc_gpf.structure import Structure, assemble_columns, take_columns
 
 __all__ = [
+    "NaturalFlow",
     "centre",
     "covariance",
     "free_energy",
@@ -28,6 +32,8 @@ __all__ = [
     "linear_flow",
     "log_pseudo_det",
     "mean_shift",
+    "natural_flow",
+    "natural_free_energy",
 ]
 
 
@@ -138,3 +144,115 @@ def gaussian_q(particles: np.ndarray, structure: Structure) -> GaussianQ:
     return GaussianQ(
         mean, structure.blocks, tuple(z[:, b].T / np.sqrt(n) for b in structure.blocks)
     )
+
+
+# ------------------------------------------------------- the natural flow (tuning-free)
+class NaturalFlow(NamedTuple):
+    """The natural-gradient flow at the current particles (see :func:`natural_flow`)."""
+
+    shift: Variable  # (D,): C g_bar, the natural mean step
+    linear: Variable  # (N, D): C g^_c,i - z_i, the natural linear part per particle
+    decrement_mean: Variable  # g_bar^T C g_bar >= 0
+    decrement_cov: Variable  # ||C^(1/2) (psi - I) C^(+1/2)||_F^2 >= 0
+    log_pdet: Variable  # sum of log of the non-zero eigenvalues of C (per block)
+
+    @property
+    def decrement(self) -> Variable:
+        """Squared distance to the fixed point in the natural metric: for a Gaussian target
+        about ``|m - mu|^2`` in posterior sds plus ``|C Sigma^-1 - I|_F^2``."""
+        return self.decrement_mean + self.decrement_cov
+
+
+def _natural_block(
+    z: Variable, g: Variable, rank: int
+) -> tuple[Variable, Variable, Variable, Variable]:
+    """Shift, linear part, their squared sizes and ``log pdet C`` for one block of rank
+    ``rank``: full rank through the ``D_b x D_b`` covariance, else through the ``N x N``
+    Gram matrix (never ``D_b x D_b``), with the ridge of :func:`natural_flow`."""
+    n = z.shape[0].astype(z.dtype)
+    d = z.type.shape[-1]
+    g_bar = g.mean(axis=0)
+    trace_psi = pt.sum(g * z) / n
+    if rank == d:
+        cov = pt.dot(z.T, z) / n
+        chol = pt.linalg.cholesky(cov, on_error="nan")
+        psi_t = pt.dot(z.T, g) / n
+        # C g^_c for every particle, g^_c = Z C^-1 psi^T the affine regression of g on z
+        coef = pt.linalg.cho_solve((chol, True), psi_t, check_finite=False)
+        fitted = pt.dot(z, pt.dot(coef, cov))
+        shift = pt.dot(cov, g_bar)
+        log_pdet = 2.0 * pt.sum(pt.log(pt.diagonal(chol)))
+    else:
+        gram = pt.dot(z, z.T) / n
+        values, vectors = pt.linalg.eigh(gram)
+        values, vectors = values[-rank:], vectors[:, -rank:]
+        # K^+ on the cloud's span; ridge: C's smallest non-zero eigenvalue (Theorem 3: the
+        # directions the cloud lacks have at most that variance on a Gaussian target)
+        gram_pinv = pt.dot(vectors / values, vectors.T)
+        ridge = pt.min(values)
+        g_c = pt.dot(vectors, pt.dot(vectors.T, g))
+
+        def cov_ridge(rows):
+            in_span = pt.dot(pt.dot(rows, z.T), z) / n
+            projected = pt.dot(pt.dot(pt.dot(rows, z.T), gram_pinv), z) / n
+            return in_span + ridge * (rows - projected)
+
+        fitted = cov_ridge(g_c)
+        shift = cov_ridge(g_bar[None, :])[0]
+        log_pdet = pt.sum(pt.log(values))
+    decrement_mean = pt.dot(g_bar, shift)
+    decrement_cov = pt.sum(g * fitted) / n - 2.0 * trace_psi + rank
+    return shift, fitted - z, decrement_mean, decrement_cov, log_pdet
+
+
+def natural_flow(
+    deviations: Variable, grads: Variable, structure: Structure, ranks: Sequence[int]
+) -> NaturalFlow:
+    """The flow of eq. 13 preconditioned by the particle covariance on both parts.
+
+    Mean: ``C g_bar`` (the natural mean step after Theorem 2). Linear part: ``B z_i`` with
+    ``B = C (psi - I) C^+``, which for particles is ``C g^_i - z_i``, ``g^`` the affine
+    regression of the gradients on the particles (``g`` itself when ``N <= D + 1``). With
+    ``B = P A Q`` for positive definite ``P = C``, ``Q = C^+`` and ``A = psi - I``,
+    ``dF~/dt = -g_bar^T C g_bar - ||C^(1/2) A C^(+1/2)||^2 <= 0``: a descent direction of the
+    regularised free energy for every target and ``N``, with the paper's fixed points, and
+    affine invariant. On a Gaussian target its linearisation contracts the covariance error
+    at rate ``1 - 2 eta2`` in every direction, whatever the conditioning (the paper's
+    linear part needs ``eta2 < 2 / (kappa + 1 / kappa)``), and ``eta1 = 1`` moves the mean
+    to the target's once ``C`` is right: a Newton-like step.
+
+    A block whose cloud spans ``rank < D_b`` directions uses ``C + lambda (I - P)``
+    (``P`` the projector on the span, ``lambda`` the smallest fitted variance) in place of
+    ``C``, so the cloud can turn towards the directions it lacks (Theorem 3's top
+    eigenspace); ``ranks`` are the blocks' ranks (static). Mean field: ``C`` diagonal.
+    """
+    n = deviations.shape[0].astype(deviations.dtype)
+    if structure.diagonal:
+        var = pt.mean(pt.square(deviations), axis=0)
+        g_bar = grads.mean(axis=0)
+        psi = pt.sum(grads * deviations, axis=0) / n
+        shift = var * g_bar
+        return NaturalFlow(
+            shift,
+            deviations * (psi - 1.0),
+            pt.dot(g_bar, shift),
+            pt.sum(pt.square(psi - 1.0)),
+            pt.sum(pt.log(var)),
+        )
+    parts = [
+        _natural_block(take_columns(deviations, b), take_columns(grads, b), rank)
+        for b, rank in zip(structure.blocks, ranks, strict=True)
+    ]
+    shifts, linears, dec_mean, dec_cov, log_pdets = zip(*parts, strict=True)
+    return NaturalFlow(
+        assemble_columns(list(shifts), structure),
+        assemble_columns(list(linears), structure),
+        sum(dec_mean),
+        sum(dec_cov),
+        sum(log_pdets),
+    )
+
+
+def natural_free_energy(logp: Variable, log_pdet: Variable, ndim: int) -> Variable:
+    """:func:`free_energy` from a precomputed ``log pdet C``."""
+    return -pt.mean(logp) - 0.5 * log_pdet - 0.5 * ndim * LOG_2PI_E

@@ -17,6 +17,7 @@ from pymc_gpf.engine import (
     StepGraph,
     is_integer,
     positive,
+    seed_sequence,
     transform_direction,
 )
 from pymc_gpf.gaussian import LOG_2PI
@@ -25,6 +26,9 @@ from pymc_gpf.wvgd import flow
 __all__ = ["WVGD", "WVGDApproximation"]
 
 EMPTY_LOG_MASS = -1e300  # "no estimate yet": finite, so the step guard accepts it
+# trust region of the automatic step: a local mean moves at most 0.2 local sds per step and
+# coordinate, a local sd changes by at most a factor e^0.1
+MAX_MEAN_STEP, MAX_LOG_SCALE_STEP = 0.2, 0.1
 
 
 def _shared(value: np.ndarray, name: str) -> pytensor.compile.SharedVariable:
@@ -107,7 +111,6 @@ class WVGDApproximation(FlowApproximation):
         ``(S, D)``: ``log beta_j + log q_j(x) - log Z_j`` for the cell ``j`` containing ``x``.
         The normalisers ``Z_j = q_j(L_j)`` are estimated from ``n_draws`` draws of each
         ``q_j`` (relative error ``sqrt((1 - Z_j) / (Z_j n_draws))``; exact for one particle)."""
-        from pymc_gpf.engine import seed_sequence
 
         points = self._check_points(points)
         particles, means, scales = self.particles, self.local_means, self.local_scales
@@ -242,6 +245,7 @@ class WVGD(FlowInference):
     name = "wvgd"
     default_learning_rate = 1e-2
     default_optimizer = "adam"
+
     spread_option = "init_scale"
     start_points = "local draws"
 
@@ -345,7 +349,6 @@ class WVGD(FlowInference):
         elbos = pt.switch(has, flow.cell_elbos(logp, logq, accepted), a.shared_elbos)
         weights = cell_weights(log_mass, count)
 
-        eta1, eta2 = self.learning_rates
         updates = {
             a.shared_log_mass: log_mass,
             a.shared_mass_count: count,
@@ -354,8 +357,34 @@ class WVGD(FlowInference):
             a.shared_elbos: elbos,
         }
         d_means, d_log_scales = flow.local_gradients(grad_logp, noise, log_scales, accepted)
+        # with pm.Minibatch data log p is a noisy estimate, and exp of it a biased one: the
+        # centroid then weights the cell's accepted draws equally (q~_j's own mean, the
+        # "biased" centroid of the authors' code), which the local fit keeps consistent
+        centroid_logp = logq if self.target.minibatch else logp
+        particle_direction = flow.particle_direction(
+            particles, draws, centroid_logp, logq, accepted
+        )
+        # with no accepted draw in any cell the bound is stale and nothing can move
+        # (e.g. local Gaussians thrown far off by a too-large step)
+        free_energy = pt.switch(pt.any(has), -flow.mixture_elbo(elbos, weights), np.nan)
+        if options.auto:
+            return self._natural_step(
+                options,
+                updates,
+                free_energy,
+                points,
+                logp,
+                grad_logp,
+                noise,
+                has,
+                rate,
+                particle_direction,
+                d_means,
+                d_log_scales,
+            )
+        eta1, eta2 = self.learning_rates
         steps = [
-            (particles, eta1, flow.particle_direction(particles, draws, logp, logq, accepted)),
+            (particles, eta1, particle_direction),
             (means, eta2, d_means),
             (log_scales, eta2, d_log_scales),
         ]
@@ -367,9 +396,7 @@ class WVGD(FlowInference):
             # a cell without accepted draws keeps its particle and local Gaussian this step
             updates[var] = pt.switch(has[:, None], var - eta * direction, var).astype(var.dtype)
         return StepGraph(
-            # with no accepted draw in any cell the bound is stale and nothing can move
-            # (e.g. local Gaussians thrown far off by a too-large step): a divergence
-            free_energy=pt.switch(pt.any(has), -flow.mixture_elbo(elbos, weights), np.nan),
+            free_energy=free_energy,
             points=points,
             logp=logp.reshape((j * m,)),
             grad=grad_logp.reshape((j * m, d)),
@@ -379,6 +406,112 @@ class WVGD(FlowInference):
             updates=updates,
             hyper_grads=_hyper_grads(logp, accepted, weights, options.more_obj_params),
         )
+
+    def _natural_step(
+        self,
+        options,
+        updates,
+        free_energy,
+        points,
+        logp,
+        grad_logp,
+        noise,
+        has,
+        acceptance,
+        particle_direction,
+        d_means,
+        d_log_scales,
+    ) -> StepGraph:
+        """Natural-gradient steps (the automatic step size): each particle moves a fraction
+        ``eta`` of the way to its cell's centroid (a damped Lloyd step, eq. 20), each local
+        Gaussian ``N(m, s^2)`` by its Fisher-preconditioned gradient ``(s^2 d_m, d_log_s / 2)``
+        scaled by the cell's acceptance rate (few accepted draws: a poor estimate) and capped
+        per coordinate at 0.2 local sds for the mean and a factor ``e^0.1`` for the scale.
+        The base step comes from :class:`pymc_gpf.control.Stochastic`."""
+        if options.more_obj_params:
+            raise ValueError(
+                "more_obj_params (type-II maximum likelihood) needs a fixed learning_rate "
+                "for now, e.g. learning_rate=0.01."
+            )
+        a = self.approx
+        particles, means, log_scales = a.shared_particles, a.shared_means, a.shared_log_scales
+        j, d, m = particles.shape[0], self.target.ndim, self.n_samples
+        step = self.learning_rates[0]
+        scale = pt.exp(log_scales)
+        local_step = step * acceptance[:, None]
+        mean_step = local_step * pt.square(scale) * d_means
+        mean_step = mean_step / pt.maximum(1.0, pt.abs(mean_step) / (MAX_MEAN_STEP * scale))
+        scale_step = pt.clip(
+            0.5 * local_step * d_log_scales, -MAX_LOG_SCALE_STEP, MAX_LOG_SCALE_STEP
+        )
+        moves = {
+            particles: particles - 0.5 * pt.minimum(step, 1.0) * particle_direction,
+            means: means - mean_step,
+            log_scales: log_scales - scale_step,
+        }
+        accepted = pt.any(has) & pt.isfinite(free_energy)
+        for new in moves.values():
+            accepted = accepted & pt.all(pt.isfinite(new))
+        previous = pytensor.shared(np.asarray(np.inf, dtype=self.target.dtype), "wvgd_free_energy")
+        recorded = pt.switch(accepted, free_energy, previous)
+        updates = {
+            var: pt.switch(accepted, value, var).astype(var.dtype) for var, value in updates.items()
+        }
+        for var, new in moves.items():
+            updates[var] = pt.switch(accepted & has[:, None], new, var).astype(var.dtype)
+        updates[previous] = recorded
+        return StepGraph(
+            free_energy=recorded,
+            points=points,
+            logp=logp.reshape((j * m,)),
+            grad=grad_logp.reshape((j * m, d)),
+            positions=flow.local_draws(updates[means], updates[log_scales], noise).reshape(
+                (j * m, d)
+            ),
+            updates=updates,
+            info={"accepted": accepted, "step_size": step},
+            guarded=False,
+        )
+
+    def _evaluations_per_step(self) -> tuple[int, int]:
+        return len(self.approx.particles) * int(self.n_samples), 0
+
+    def _finish(self, reason: str) -> None:
+        if self.target.minibatch and len(self.hist):
+            self._estimate_cell_weights()
+
+    def _estimate_cell_weights(self, draws: int = 2000) -> None:
+        """The cells' posterior masses from ``draws`` fresh draws of each local Gaussian and
+        the full data's log-density (eq. 10, as the authors' post-processing). With
+        ``pm.Minibatch`` data the running estimate of the fit exponentiates noisy
+        log-densities, which biases it; this one does not."""
+        a = self.approx
+        particles, means, scales = a.particles, a.local_means, a.local_scales
+        rng = np.random.default_rng(seed_sequence(self.random_seed).spawn(5)[4])
+        log_mass = np.full(len(particles), EMPTY_LOG_MASS)
+        for j in range(len(particles)):
+            eps = rng.standard_normal((draws, particles.shape[1]))
+            x = means[j] + scales[j] * eps
+            keep = _nearest(x, particles) == j
+            if not keep.any():
+                continue
+            log_q = -0.5 * np.sum(eps[keep] ** 2 + LOG_2PI, axis=1) - np.sum(np.log(scales[j]))
+            ratio = a.log_density(x[keep]) - log_q
+            self.density_evaluations += int(keep.sum())
+            top = np.max(ratio)
+            log_mass[j] = top + np.log(np.sum(np.exp(ratio - top)) / draws)
+        seen = log_mass > EMPTY_LOG_MASS
+        a.shared_log_mass.set_value(log_mass.astype(self.target.dtype))
+        a.shared_mass_count.set_value(seen.astype(self.target.dtype))
+
+    def _location(self) -> tuple[np.ndarray, np.ndarray]:
+        """q's approximate mean and sd: the cell-weighted particles, and the spread of the
+        particles plus the local variances."""
+        a = self.approx
+        weights = a.cell_weights[:, None]
+        mean = np.sum(weights * a.particles, axis=0)
+        variance = np.sum(weights * (np.square(a.particles - mean) + np.square(a.local_scales)), 0)
+        return mean, np.sqrt(variance)
 
 
 def _hyper_grads(logp, accepted, weights, params) -> list:

@@ -1,0 +1,426 @@
+"""When a fit stops, and the step-size schedule of stochastic fits: plain Python between steps.
+
+Each fit has one controller; after every step the engine hands it the free energy and the
+step's ``info`` and it answers with a stop code or ``None``. The codes and what they mean
+are :data:`REASONS`. The rules:
+
+* :class:`Deterministic` (GPF on full data, backtracking line search): **converged** when the
+  natural-gradient decrement (squared distance to the fixed point in units of q's spread,
+  :class:`pymc_gpf.gpf.flow.NaturalFlow`) stayed below ``tol**2`` for ``window`` accepted
+  steps; **overfitting** when the free energy on an independent cloud of the same Gaussian
+  has not improved for ``patience`` accepted steps (the particles have begun to fit their
+  own positions: finite-N bias), the state with the best independent value being restored;
+  **stalled** when backtracking shrank the step below ``1e-12`` without a decrease.
+* :class:`Stochastic` (GF's fresh draws, minibatches, WVGD): the trace is cut into windows
+  of ``max(20, 2 / rate)`` steps. When a window's mean free energy is not significantly
+  below the previous one's (one-sided test at 5 %: while the free energy still falls by
+  more than 1.645 standard errors of the difference per window, a plateau is declared with
+  probability at most 5 %), the fit either **converged** — the Monte Carlo error of the
+  window-averaged location (in units of q's spread, accounting for the iterates'
+  correlation time ``(2 - rate) / rate``) is below ``tol`` — and then returns the
+  window average (Polyak-Ruppert), or halves its step size and goes on. A step size below
+  ``min_rate`` without settling is a **floor** (not converged).
+* :class:`FixedSteps` (a numeric ``learning_rate``, Algorithm 2 / eq. 11 as printed): runs
+  the ``n`` steps asked for; with ``tol`` it stops when the free energy of a window is not
+  significantly below the previous window's and fell by less than ``tol**2`` nats.
+"""
+
+from __future__ import annotations
+
+import math
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["REASONS", "Control", "Deterministic", "FixedSteps", "Outcome", "Stochastic"]
+
+REASONS = {
+    "converged": "converged",
+    "overfitting": "stopped early: the particles had begun to fit their own positions",
+    "stalled": "stalled: no step size lowered the free energy",
+    "floor": "the step size reached its floor before the iterates settled",
+    "max_steps": "reached the maximum number of steps before converging",
+    "callback": "stopped by a callback",
+    "interrupted": "interrupted",
+    "divergence": "diverged",
+}
+Z_ONE_SIDED_5 = 1.645
+Z_ONE_SIDED_005 = 3.29
+# while averaging, the average restarts only on a drop significant at 0.05 %: it is tested
+# after every window, and a 5 % test would restart a long average by chance
+
+
+@dataclass
+class Outcome:
+    """How a fit ended: ``converged`` (``None`` when nothing was tested: a fixed step size
+    without ``tol``), the ``reason`` code (:data:`REASONS`), the step count when it stopped
+    and an explanation in words."""
+
+    converged: bool | None
+    reason: str
+    step: int
+    message: str
+
+    def attrs(self) -> dict[str, Any]:
+        return {
+            "converged": "untested" if self.converged is None else str(self.converged),
+            "stop_reason": self.reason,
+            "stopped_at_step": self.step,
+            "stop_message": self.message,
+        }
+
+
+class Control:
+    """Base controller: never stops by itself."""
+
+    kind = "fixed"
+
+    def __init__(self, tol: float | None):
+        self.tol = tol
+
+    def observe(self, free_energy: float, info: dict[str, float]) -> str | None:
+        return None
+
+    def describe(self, reason: str) -> str:
+        return REASONS.get(reason, reason)
+
+    def finish(self, reason: str) -> None:
+        """The fit stops for ``reason`` (e.g. the step limit): a last chance to act."""
+
+    def resume(self) -> None:
+        """The fit continues (``refine``): undo what :meth:`finish` did."""
+
+    def state(self) -> dict[str, Any]:
+        """JSON-able state, so a saved fit continues exactly."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+    def load(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+class FixedSteps(Control):
+    """A fixed step size: ``n`` steps, or the trace test of :class:`Stochastic` with ``tol``."""
+
+    def __init__(self, tol: float | None, window: int = 100):
+        super().__init__(tol)
+        self.window = window
+        self.values: list[float] = []
+        self.previous: list[float] | None = None
+
+    def observe(self, free_energy, info):
+        if self.tol is None:
+            return None
+        self.values.append(float(free_energy))
+        if len(self.values) < self.window:
+            return None
+        current, self.values = self.values, []
+        previous, self.previous = self.previous, [_mean(current), _var_of_mean(current)]
+        if previous is None:
+            return None
+        drop = previous[0] - self.previous[0]
+        noise = math.sqrt(previous[1] + self.previous[1])
+        if drop <= Z_ONE_SIDED_5 * noise and drop < self.tol**2:
+            return "converged"
+        return None
+
+    def describe(self, reason):
+        if reason == "converged":
+            return (
+                f"converged: over the last {self.window} steps the free energy fell by less "
+                f"than tol^2 = {self.tol**2:.3g} nats"
+            )
+        return super().describe(reason)
+
+
+class Deterministic(Control):
+    """Backtracking fits: decrement test, independent-cloud early stopping, stall."""
+
+    kind = "deterministic"
+
+    def __init__(self, tol: float, window: int = 3, patience: int = 10, min_step: float = 1e-12):
+        super().__init__(tol)
+        self.window, self.patience, self.min_step = window, patience, min_step
+        self.decrements: list[float] = []
+
+    def observe(self, free_energy, info):
+        if info["accepted"]:
+            self.decrements = [*self.decrements[-(self.window - 1) :], float(info["decrement"])]
+            if len(self.decrements) == self.window and max(self.decrements) < self.tol**2:
+                return "converged"
+        if info.get("since_best", 0) >= self.patience:
+            return "overfitting"
+        if not info["accepted"] and info["step_size"] < self.min_step:
+            return "stalled"
+        return None
+
+    def restart(self) -> None:
+        self.decrements = []
+
+    def describe(self, reason):
+        if reason == "converged":
+            return (
+                f"converged: the natural-gradient decrement stayed below tol^2 = "
+                f"{self.tol**2:.3g} for {self.window} steps (q within about tol = {self.tol:g} "
+                "of its own sds from the fixed point)"
+            )
+        if reason == "overfitting":
+            return (
+                f"stopped early: the free energy of an independent cloud of the same Gaussian "
+                f"had not improved for {self.patience} steps (the particles had begun to fit "
+                "their own positions, finite-N bias); the state where it was lowest is kept"
+            )
+        if reason == "stalled":
+            return (
+                f"stalled: no step size down to {self.min_step:g} lowered the free energy; "
+                "the log-density may be non-smooth or not finite near q"
+            )
+        return super().describe(reason)
+
+
+class Stochastic(Control):
+    """Noisy objectives: windowed plateau test, step halving, Polyak-Ruppert averaging.
+
+    ``location()`` returns ``(location, scale)`` arrays of q now (e.g. its mean and sds);
+    ``params()`` the arrays to average; ``set_params(arrays)`` and ``set_rate(rate)``
+    act on the fit.
+
+    Two phases. *Adapting*: at each plateau of the trace the step is halved, until the
+    iterates' step-to-step spread is below ``max_spread`` of q's sds (the bias of a
+    constant step is then small) — or the window's average is already precise to ``tol``,
+    which ends the fit at once (e.g. GF on full data, whose whitened draws make the steps
+    nearly noise free). *Averaging*: the step stays fixed and every iterate enters a running
+    average; its Monte Carlo error is the iterates' pooled variance times their correlation
+    time ``(2 - rate) / rate`` over their number (after at least four windows and five
+    correlation times), and the fit ends on that average when the error is below ``tol``.
+    A trace that starts falling again restarts the average.
+    """
+
+    kind = "stochastic"
+
+    def __init__(
+        self,
+        tol: float,
+        *,
+        location: Callable[[], tuple[np.ndarray, np.ndarray]],
+        params: Callable[[], Sequence[np.ndarray]],
+        set_params: Callable[[Sequence[np.ndarray]], None],
+        set_rate: Callable[[float], None],
+        rate: float = 1.0,
+        min_window: int = 20,
+        min_rate: float = 1e-4,
+        max_spread: float = 0.5,
+        min_batches: int = 4,
+        max_rejections: int = 30,
+    ):
+        super().__init__(tol)
+        self._location, self._params = location, params
+        self._set_params, self._set_rate = set_params, set_rate
+        self.rate, self.min_window, self.min_rate = rate, min_window, min_rate
+        self.max_spread, self.min_batches = max_spread, min_batches
+        self.max_rejections = max_rejections
+        self.rejections = 0
+        self.averaging = False
+        self.previous: list[float] | None = None
+        self._clear_window()
+        self._clear_average()
+        self._set_rate(self.rate)
+
+    @property
+    def window_length(self) -> int:
+        return max(self.min_window, math.ceil(4.0 / self.rate))
+
+    def _clear_window(self) -> None:
+        self._values: list[float] = []
+        self._locations: list[np.ndarray] = []
+        self._window_sums: list[np.ndarray] | None = None
+
+    def _clear_average(self) -> None:
+        self._sums: list[np.ndarray] | None = None
+        self._count = 0
+        self._batch_means: list[np.ndarray] = []
+        self._location_sum = self._location_squares = 0.0
+        self._located = 0
+
+    def observe(self, free_energy, info):
+        if not info["accepted"]:
+            # a non-finite step was refused by the method (state kept): smaller steps
+            self.rejections += 1
+            self._new_rate(self.rate / 4)
+            if self.rejections >= self.max_rejections or self.rate < self.min_rate:
+                return "stalled"
+            return None
+        self.rejections = 0
+        location, scale = self._location()
+        self._scale = np.maximum(np.asarray(scale, dtype=float), 1e-300)
+        self._values.append(float(free_energy))
+        self._locations.append(np.array(location, dtype=float))
+        params = [np.array(p, dtype=float) for p in self._params()]
+        self._window_sums = _add(self._window_sums, params)
+        if self.averaging:
+            self._sums, self._count = _add(self._sums, params), self._count + 1
+        if len(self._values) < self.window_length:
+            return None
+        return self._end_of_window()
+
+    def _end_of_window(self) -> str | None:
+        stats = [_mean(self._values), _var_of_mean(self._values)]
+        previous, self.previous = self.previous, stats
+        z = Z_ONE_SIDED_005 if self.averaging else Z_ONE_SIDED_5
+        falling = previous is None or previous[0] - stats[0] > z * math.sqrt(previous[1] + stats[1])
+        locations = np.asarray(self._locations)
+        if self.averaging:
+            if falling:  # not stationary after all: average afresh from here
+                self._clear_average()
+            else:
+                self._batch_means.append(locations.mean(axis=0))
+                self._location_sum = self._location_sum + locations.sum(axis=0)
+                self._location_squares = self._location_squares + np.square(locations).sum(axis=0)
+                self._located += len(locations)
+                if len(self._batch_means) >= self.min_batches and self._average_error() < self.tol:
+                    self._set_params([s / self._count for s in self._sums])
+                    return "converged"
+        elif not falling:
+            spread = float(np.max(np.std(locations, axis=0, ddof=1) / self._scale))
+            correlation_time = min(self.correlation_time, len(locations))
+            if spread * math.sqrt(correlation_time / len(locations)) < self.tol:
+                self._set_params([s / len(locations) for s in self._window_sums])
+                return "converged"
+            if spread < self.max_spread:
+                self.averaging = True
+                self._clear_average()
+            else:
+                self._new_rate(self.rate / 2)
+                if self.rate < self.min_rate:
+                    self._set_params([s / len(locations) for s in self._window_sums])
+                    return "floor"
+        self._clear_window()
+        return None
+
+    def finish(self, reason):
+        if reason == "max_steps" and self.averaging and self._count:
+            # the running average is the better estimate; refine resumes from the iterate
+            self._last_iterate = [np.array(p) for p in self._params()]
+            self._set_params([s / self._count for s in self._sums])
+
+    def resume(self):
+        last = getattr(self, "_last_iterate", None)
+        if last is not None:
+            self._set_params(last)
+            self._last_iterate = None
+
+    @property
+    def correlation_time(self) -> float:
+        """Integrated autocorrelation time of the iterates: a natural step of size ``rate``
+        contracts the distance to the fixed point by ``1 - rate``, an AR(1) process."""
+        return (2.0 - min(self.rate, 1.0)) / self.rate
+
+    def _average_error(self) -> float:
+        """Monte Carlo error of the running average in units of q's sds: the iterates'
+        stationary variance (pooled over the averaging period) times the correlation time
+        over the number of iterates; ``inf`` until the period spans five correlation
+        times."""
+        n = self._located
+        if n < 5 * self.correlation_time:
+            return float("inf")
+        mean = self._location_sum / n
+        variance = np.maximum(self._location_squares / n - np.square(mean), 0.0)
+        error = np.sqrt(variance * self.correlation_time / n) / self._scale
+        return float(np.max(error))
+
+    def _new_rate(self, rate: float) -> None:
+        self.rate = rate
+        self._set_rate(rate)
+        self._clear_window()
+
+    def state(self):
+        out = super().state()
+        out["window"] = {
+            "values": list(self._values),
+            "locations": [a.tolist() for a in self._locations],
+            "window_sums": None
+            if self._window_sums is None
+            else [a.tolist() for a in self._window_sums],
+            "sums": None if self._sums is None else [a.tolist() for a in self._sums],
+            "count": self._count,
+            "batch_means": [a.tolist() for a in self._batch_means],
+            "location_sum": np.asarray(self._location_sum).tolist(),
+            "location_squares": np.asarray(self._location_squares).tolist(),
+            "located": self._located,
+            "scale": getattr(self, "_scale", np.ones(1)).tolist(),
+        }
+        return out
+
+    def load(self, state):
+        state = dict(state)
+        window = state.pop("window", None)
+        super().load(state)
+        self._set_rate(self.rate)
+        if window is not None:
+            self._values = list(window["values"])
+            self._locations = [np.asarray(a) for a in window["locations"]]
+            self._window_sums = (
+                None
+                if window["window_sums"] is None
+                else [np.asarray(a) for a in window["window_sums"]]
+            )
+            self._sums = None if window["sums"] is None else [np.asarray(a) for a in window["sums"]]
+            self._count = int(window["count"])
+            self._batch_means = [np.asarray(a) for a in window["batch_means"]]
+            self._location_sum = np.asarray(window["location_sum"])
+            self._location_squares = np.asarray(window["location_squares"])
+            self._located = int(window["located"])
+            self._scale = np.asarray(window["scale"])
+
+    def describe(self, reason):
+        if reason == "converged":
+            how = (
+                f"the average of the iterates over the last {self._count} steps"
+                if self.averaging
+                else "the average of the last window"
+            )
+            return (
+                "converged: the free energy stopped decreasing (one-sided test at 5 % between "
+                f"windows of {self.window_length} steps) and the Monte Carlo error of the "
+                f"averaged q is below tol = {self.tol:g} of its sds; q is {how}"
+            )
+        if reason == "floor":
+            return (
+                f"the step size fell to {self.rate:.2g} (its floor) before the iterates "
+                "settled within tol; q is the average of the last window"
+            )
+        if reason == "stalled":
+            return (
+                f"stalled: {self.rejections} consecutive steps produced non-finite values even "
+                f"at step size {self.rate:.2g}"
+            )
+        if reason == "max_steps" and self.averaging and len(self._batch_means) >= 2:
+            return (
+                f"reached the maximum number of steps while averaging (Monte Carlo error of "
+                f"the average {self._average_error():.2g} sds, tol {self.tol:g})"
+            )
+        return super().describe(reason)
+
+
+def _add(sums: list[np.ndarray] | None, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    return arrays if sums is None else [a + b for a, b in zip(sums, arrays, strict=True)]
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values))
+
+
+def _var_of_mean(values: Sequence[float]) -> float:
+    """Variance of the mean of a correlated series: the iid value inflated by the AR(1)
+    correlation time ``(1 + rho) / (1 - rho)`` from the lag-1 autocorrelation ``rho``."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 3:
+        return 0.0
+    centred = values - values.mean()
+    denominator = float(np.dot(centred, centred))
+    rho = float(np.dot(centred[1:], centred[:-1]) / denominator) if denominator > 0 else 0.0
+    rho = min(max(rho, 0.0), 0.99)
+    return float(np.var(values, ddof=1) / len(values) * (1 + rho) / (1 - rho))

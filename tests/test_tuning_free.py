@@ -1,0 +1,310 @@
+"""Fits that need no tuning: antithetic clouds, backtracking, stopping rules, minibatches.
+
+The default ``pm.fit(method=...)`` uses natural-gradient steps whose size adapts by itself
+(:mod:`pymc_gpf.stepsize`), stops by itself (:mod:`pymc_gpf.control`) and starts GPF from
+an antithetic, exactly whitened cloud (:mod:`pymc_gpf.clouds`). Every number asserted here
+comes from a closed form (Gaussian expectations of polynomials, Gaussian and conjugate
+posteriors, Algorithm 2 written out in NumPy) or from a stated property of the rule.
+"""
+
+import warnings
+
+import numpy as np
+import pymc as pm
+import pytensor.tensor as pt
+import pytest
+
+from conftest import condition_spectrum, gaussian_target, moments, mvnormal_model
+
+import pymc_gpf
+
+from pymc_gpf.clouds import antithetic_cloud, matching_cloud
+from pymc_gpf.control import Deterministic, Stochastic
+from pymc_gpf.gaussian import LOG_2PI_E
+
+
+# ---------------------------------------------------------------------------- clouds
+def _cubic(d, rng, coefficients=False):
+    """A random polynomial of degree 3 and its expectation under N(m, C) in closed form."""
+    a = rng.normal(size=d)
+    b = rng.normal(size=(d, d))
+    c = rng.normal(size=(d, d, d))
+
+    def value(x):
+        return x @ a + np.einsum("ni,ij,nj->n", x, b, x) + np.einsum("ni,nj,nk,ijk->n", x, x, x, c)
+
+    def expectation(m, cov):
+        second = cov + np.outer(m, m)
+        third = (
+            np.einsum("i,j,k->ijk", m, m, m)
+            + np.einsum("i,jk->ijk", m, cov)
+            + np.einsum("j,ik->ijk", m, cov)
+            + np.einsum("k,ij->ijk", m, cov)
+        )
+        return m @ a + np.sum(b * second) + np.sum(c * third)
+
+    return (value, expectation, (a, b, c)) if coefficients else (value, expectation)
+
+
+def test_antithetic_whitened_cloud_integrates_cubics_exactly():
+    """Any affine image of the cloud averages every cubic exactly under the Gaussian with
+    the cloud's mean and covariance; a random cloud of the same size does not."""
+    rng = np.random.default_rng(0)
+    d, n = 4, 12
+    value, expectation = _cubic(d, rng)
+    m, factor = rng.normal(size=d), rng.normal(size=(d, d))
+    cloud = m + antithetic_cloud(n, d, rng) @ factor.T
+    np.testing.assert_allclose(cloud.mean(0), m, atol=1e-12)
+    np.testing.assert_allclose(moments(cloud)[1], factor @ factor.T, atol=1e-12)
+    exact = expectation(m, factor @ factor.T)
+    assert value(cloud).mean() == pytest.approx(exact, rel=1e-12)
+    random = m + rng.normal(size=(n, d)) @ factor.T
+    assert abs(value(random).mean() - expectation(*moments(random))) > 1e-3 * abs(exact)
+
+
+def test_matching_cloud_is_an_independent_rule_for_the_same_gaussian():
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=(10, 3)) @ rng.normal(size=(3, 3))
+    z -= z.mean(0)
+    other = matching_cloud(z, 8, rng) @ z
+    np.testing.assert_allclose(other.mean(0), 0.0, atol=1e-12)
+    np.testing.assert_allclose(moments(other)[1], moments(z)[1], atol=1e-12)
+    assert not np.allclose(other[: len(other) // 2], -other[len(other) // 2 :][::-1])
+
+
+def test_the_free_energy_of_a_cubic_target_is_exact():
+    """GPF's first recorded free energy, on particles of an antithetic cloud, equals the
+    closed-form -ELBO = E_q[phi] - H(q) of a potential phi of degree 3."""
+    rng = np.random.default_rng(2)
+    d = 3
+    _, expectation, (a, b, c) = _cubic(d, rng, coefficients=True)
+    with pm.Model() as model:
+        x = pm.Flat("x", shape=d)
+        cubic = (x[:, None, None] * x[None, :, None] * x[None, None, :] * c).sum()
+        pm.Potential("phi", -(pt.dot(a, x) + pt.dot(x, pt.dot(b, x)) + cubic))
+    gpf = pymc_gpf.GPF(2 * d, cloud="antithetic", jitter=0.7, model=model, random_seed=3)
+    m, cov = moments(gpf.approx.particles)
+    exact = expectation(m, cov) - 0.5 * np.linalg.slogdet(cov)[1] - 0.5 * d * LOG_2PI_E
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # one step: not converged
+        approx = pm.fit(1, method=gpf, progressbar=False)
+    assert approx.hist[0] == pytest.approx(exact, rel=1e-10)
+
+
+# ------------------------------------------------------------------ backtracking (GPF)
+def test_the_line_search_never_accepts_an_increase(regression_model):
+    """On a non-Gaussian posterior the recorded free energy (that of the accepted state)
+    never increases, although trials were refused along the way."""
+    approx = pm.fit(
+        method="gpf",
+        model=regression_model,
+        random_seed=2,
+        inf_kwargs={"n_particles": 12, "cloud": "antithetic"},
+        progressbar=False,
+    )
+    hist, sizes = approx.hist, approx.inference.step_sizes
+    assert np.all(np.diff(hist) <= 0.0)
+    assert np.any(np.diff(sizes[1:]) < 0)  # some trials were refused (the step shrank)
+    assert approx.outcome.converged
+
+
+def test_a_gaussian_target_converges_to_round_off_in_few_steps():
+    """D = 10, condition number 100, started 3 sds off: the automatic step reaches the
+    exact mean and covariance (Theorem 1) to round-off in at most 25 accepted steps; the
+    paper's fixed step 0.01 (the stable range ends at 0.0198, notes F7) is far off after as
+    many steps and needs about 30 000 (notes F1)."""
+    d = 10
+    mu, cov = gaussian_target(d, condition_spectrum(d, 100), seed=3)
+    model = mvnormal_model(mu, cov)
+    start = {"x": mu + 3 * np.sqrt(np.diag(cov))}
+    approx = pm.fit(
+        method="gpf", model=model, random_seed=1, start=start, tol=1e-6, progressbar=False
+    )
+    m, c = moments(approx.particles)
+    np.testing.assert_allclose(m, mu, atol=1e-10)
+    np.testing.assert_allclose(c, cov, atol=1e-10 * np.abs(cov).max())
+    accepted = int(np.sum(np.diff(approx.hist) < 0)) + 1
+    assert accepted <= 25 and approx.outcome.converged
+    fixed = pm.fit(
+        len(approx.hist),
+        method="gpf",
+        model=model,
+        random_seed=1,
+        start=start,
+        inf_kwargs={"n_particles": 2 * d, "cloud": "antithetic"},
+        learning_rate=0.01,
+        progressbar=False,
+    )
+    m, c = moments(fixed.particles)
+    assert np.abs(c - cov).max() > 0.1 * np.abs(cov).max()
+
+
+def test_a_fixed_learning_rate_is_algorithm_2(regression_model):
+    """With a numeric learning_rate the step is the paper's Algorithm 2, written out here in
+    NumPy from the model's own log-density gradient: same particles after 50 steps."""
+    gpf = pymc_gpf.GPF(5, model=regression_model, random_seed=4)
+    assert gpf.resolved_cloud == "random"  # an explicit N keeps the paper's random cloud
+    x = gpf.approx.particles.copy()
+    dlogp = gpf.target.compile_logp_dlogp()
+    eta1, eta2 = 0.01, 0.02
+    for _ in range(50):
+        g = -dlogp(x)[1]
+        z = x - x.mean(0)
+        psi = g.T @ z / len(x)
+        x = x - eta1 * g.mean(0) - eta2 * z @ (psi - np.eye(3)).T
+    approx = pm.fit(50, method=gpf, learning_rate=(eta1, eta2), progressbar=False)
+    np.testing.assert_allclose(approx.particles, x, rtol=1e-10, atol=1e-12)
+    assert approx.outcome.converged is None  # nothing tested: n steps were asked for
+
+
+# --------------------------------------------------------------------- stopping rules
+def test_the_deterministic_rule_stops_on_a_converged_fit_only():
+    control = Deterministic(tol=0.03)
+    info = {"accepted": True, "step_size": 1.0}
+    falling = [control.observe(0.0, info | {"decrement": 10.0 / k}) for k in range(1, 1000)]
+    assert all(stop is None for stop in falling)  # decrement 0.01 > tol^2 at the end
+    stops = [control.observe(0.0, info | {"decrement": 1e-4}) for _ in range(3)]
+    assert stops == [None, None, "converged"]
+    stall = Deterministic(tol=0.03)
+    assert (
+        stall.observe(0.0, {"accepted": False, "step_size": 1e-13, "decrement": 1.0}) == "stalled"
+    )
+    early = Deterministic(tol=0.03, patience=10)
+    assert early.observe(0.0, info | {"decrement": 1.0, "since_best": 10}) == "overfitting"
+
+
+class _Iterate:
+    """A scalar AR(1) iterate around ``target`` driven by the controller's rate: what a
+    natural step of size ``rate`` does on a quadratic objective with gradient noise
+    ``noise`` (in sds of q); the free energy is its squared error plus noise."""
+
+    def __init__(self, noise, drift=0.0, seed=0):
+        self.rng = np.random.default_rng(seed)
+        self.noise, self.drift, self.rate = noise, drift, 1.0
+        self.x, self.target, self.averaged = 5.0, 0.0, None
+
+    def step(self):
+        self.target += self.drift
+        self.x += -self.rate * (self.x - self.target) + self.rate * self.noise * self.rng.normal()
+        free_energy = 0.5 * (self.x - self.target) ** 2 - 0.01 * self.target
+        return free_energy + 0.1 * self.rng.normal()
+
+    def control(self, tol):
+        return Stochastic(
+            tol,
+            location=lambda: (np.array([self.x]), np.array([1.0])),
+            params=lambda: [np.array([self.x])],
+            set_params=lambda arrays: setattr(self, "averaged", float(arrays[0][0])),
+            set_rate=lambda rate: setattr(self, "rate", rate),
+        )
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_stochastic_rule_stops_on_a_converged_fit_with_a_precise_average(seed):
+    """Noisy stationary iterates: the rule stops, and the average it returns is within
+    three of its stated errors (tol) of the fixed point."""
+    run = _Iterate(noise=3.0, seed=seed)
+    control = run.control(tol=0.05)
+    stops = (control.observe(run.step(), {"accepted": True}) for _ in range(200_000))
+    assert any(stop is not None for stop in stops)
+    assert abs(run.averaged - run.target) < 3 * 0.05
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_stochastic_rule_does_not_stop_on_a_drifting_fit(seed):
+    """A fixed point that keeps moving (the free energy keeps falling): no stop in 50 000
+    steps."""
+    run = _Iterate(noise=3.0, drift=0.01, seed=seed)
+    control = run.control(tol=0.05)
+    assert all(control.observe(run.step(), {"accepted": True}) is None for _ in range(50_000))
+
+
+# ------------------------------------------------------------- defaults, end to end
+def test_a_fit_that_did_not_converge_says_so(regression_model):
+    with pytest.warns(UserWarning, match="GPF did not converge: reached the maximum"):
+        approx = pm.fit(3, method="gpf", model=regression_model, progressbar=False)
+    attrs = approx.sample(10, random_seed=0)["fit"].attrs
+    assert attrs["converged"] == "False" and attrs["stop_reason"] == "max_steps"
+    verdict = pymc_gpf.diagnose(approx, 200, random_seed=0).verdict
+    assert verdict.startswith("the fit did not converge") and "refine" in verdict
+
+
+@pytest.fixture(scope="module")
+def counts():
+    """Poisson counts with a log link: from log_rate = 0 the gradient is ~5000 (a fixed
+    unit step overflows, tests/test_faults.py); the posterior of log_rate is close to
+    N(log 1000, 0.014^2)."""
+    import pytensor.tensor as pt
+
+    with pm.Model() as model:
+        log_rate = pm.Normal("log_rate", 0, 10)
+        pm.Poisson("counts", pt.exp(log_rate), observed=np.full(5, 1000))
+    return model
+
+
+@pytest.mark.parametrize("method", ["gpf", "gf"])
+def test_the_automatic_step_fits_where_a_fixed_one_diverges(counts, method):
+    approx = pm.fit(method=method, model=counts, random_seed=0, progressbar=False)
+    assert approx.outcome.converged
+    draws = approx.sample(4000, random_seed=1)["posterior"]["log_rate"].values
+    assert draws.mean() == pytest.approx(np.log(1000), abs=0.003)
+    assert draws.std() == pytest.approx(1 / np.sqrt(5000), rel=0.1)
+
+
+def test_gpf_grows_its_cloud_while_the_free_energy_is_biased():
+    """Eight schools (non-centred): the 20-particle cloud's free energy is far below an
+    independent -ELBO, so the fit restarts from its Gaussian with twice the particles until
+    the gap is within its Monte Carlo error, or warns at the cap (160) saying so."""
+    y = np.array([28.0, 8, -3, 7, -1, 1, 18, 12])
+    sigma = np.array([15.0, 10, 16, 11, 9, 11, 10, 18])
+    with pm.Model() as model:
+        theta_trans = pm.Normal("theta_trans", 0, 1, shape=8)
+        mu = pm.Normal("mu", 0, 5)
+        tau = pm.HalfCauchy("tau", 5)
+        pm.Normal("y", mu + tau * theta_trans, sigma, observed=y)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        approx = pm.fit(method="gpf", model=model, random_seed=1, progressbar=False)
+    stages = approx.inference.stages
+    sizes = [s["n_particles"] for s in stages]
+    assert sizes[:2] == [20, 40] and sizes == [20 * 2**k for k in range(len(sizes))]
+    first = stages[0]
+    assert first["gap"] > 3 * first["gap_mcse"] + 0.1  # the small cloud was biased
+    last = stages[-1]
+    if abs(last["gap"]) > 3 * last["gap_mcse"]:
+        assert sizes[-1] == 160 and approx.outcome.reason == "biased"
+        assert any("finite-N bias" in str(w.message) for w in caught)
+    else:
+        assert approx.outcome.converged
+    assert len(approx.particles) == sizes[-1]
+
+
+# ---------------------------------------------------------------------- minibatches
+@pytest.fixture(scope="module")
+def minibatch_regression():
+    """y = X w + noise with known noise sd and N(0, 10^2) priors: the posterior is Gaussian
+    in closed form. n = 2000 rows, minibatches of 50."""
+    rng = np.random.default_rng(5)
+    n, p = 2000, 3
+    x = rng.normal(size=(n, p))
+    y = x @ np.array([1.0, -2.0, 0.5]) + rng.normal(size=n)
+    precision = x.T @ x + np.eye(p) / 100
+    cov = np.linalg.inv(precision)
+    with pm.Model() as model:
+        xb, yb = pm.Minibatch(x, y, batch_size=50)
+        w = pm.Normal("w", 0, 10, shape=p)
+        pm.Normal("y", xb @ w, 1.0, observed=yb, total_size=n)
+    return model, cov @ x.T @ y, np.sqrt(np.diag(cov))
+
+
+@pytest.mark.parametrize("method", ["gpf", "gf", "wvgd"])
+def test_a_minibatch_regression_fits_at_defaults(minibatch_regression, method):
+    """No argument but the seed: the fit converges (the averaged iterate's Monte Carlo error
+    below tol = 0.05 sds) and matches the closed-form posterior."""
+    model, mean, sd = minibatch_regression
+    approx = pm.fit(method=method, model=model, random_seed=1, progressbar=False)
+    assert approx.outcome.converged
+    draws = approx.sample(20_000, random_seed=0, return_inferencedata=False)["w"]
+    np.testing.assert_array_less(np.abs(draws.mean(0) - mean) / sd, 0.2)
+    tolerance = 0.1 if method != "wvgd" else 0.4  # WVGD: 5 truncated local Gaussians
+    np.testing.assert_array_less(np.abs(draws.std(0) / sd - 1), tolerance)
