@@ -233,6 +233,7 @@ def fit_method(
     checker.stop_when, checker.max_seconds = stop_when, max_seconds
     if check is not None:
         checker.record(inference.approx)  # the initial state, step 0
+        checker.spent = 0.0  # that check came before the clock started
     fit_kwargs = {"backend": backend(), **spec.fit_kwargs}
     failure = None
     start = time.perf_counter()

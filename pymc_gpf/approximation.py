@@ -78,7 +78,8 @@ class FlowApproximation:
         attrs["gradient_evaluations"] = int(inference.gradient_evaluations)
         attrs["density_evaluations"] = int(inference.density_evaluations)
         if inference.fit_options is not None:
-            attrs["tol"] = inference.fit_options.tol
+            tol = inference.fit_options.tol
+            attrs["tol"] = "none" if tol is None else tol
             attrs["learning_rate"] = inference.fit_options.settings()["learning_rate"]
         return fit_group(inference.name, self.hist, inference.step_sizes, attrs)
 

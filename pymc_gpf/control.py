@@ -12,12 +12,12 @@ are :data:`REASONS`. The rules:
   own positions: finite-N bias), the state with the best independent value being restored;
   **stalled** when backtracking shrank the step below ``1e-12`` without a decrease.
 * :class:`Stochastic` (GF's fresh draws, minibatches, WVGD): the trace is cut into windows
-  of ``max(20, 2 / rate)`` steps. When a window's mean free energy is not significantly
+  of ``max(20, 4 / rate)`` steps. When a window's mean free energy is not significantly
   below the previous one's (one-sided test at 5 %: while the free energy still falls by
   more than 1.645 standard errors of the difference per window, a plateau is declared with
   probability at most 5 %), the fit either **converged** — the Monte Carlo error of the
-  window-averaged location (in units of q's spread, accounting for the iterates'
-  correlation time ``(2 - rate) / rate``) is below ``tol`` — and then returns the
+  window-averaged location and log-scale of q (in units of q's spread, accounting for the
+  iterates' correlation time ``(2 - rate) / rate``) is below ``tol`` — and then returns the
   window average (Polyak-Ruppert), or halves its step size and goes on. A step size below
   ``min_rate`` without settling is a **floor** (not converged).
 * :class:`FixedSteps` (a numeric ``learning_rate``, Algorithm 2 / eq. 11 as printed): runs
@@ -282,12 +282,14 @@ class Stochastic(Control):
                 self._located += len(locations)
                 if len(self._batch_means) >= self.min_batches and self._average_error() < self.tol:
                     self._set_params([s / self._count for s in self._sums])
+                    self._clear_window()
                     return "converged"
         elif not falling:
             spread = float(np.max(np.std(locations, axis=0, ddof=1) / self._scale))
             correlation_time = min(self.correlation_time, len(locations))
             if spread * math.sqrt(correlation_time / len(locations)) < self.tol:
                 self._set_params([s / len(locations) for s in self._window_sums])
+                self._clear_window()
                 return "converged"
             if spread < self.max_spread:
                 self.averaging = True
@@ -296,6 +298,7 @@ class Stochastic(Control):
                 self._new_rate(self.rate / 2)
                 if self.rate < self.min_rate:
                     self._set_params([s / len(locations) for s in self._window_sums])
+                    self._clear_window()
                     return "floor"
         self._clear_window()
         return None
@@ -350,6 +353,9 @@ class Stochastic(Control):
             "location_sum": np.asarray(self._location_sum).tolist(),
             "location_squares": np.asarray(self._location_squares).tolist(),
             "located": self._located,
+            "last_iterate": None
+            if getattr(self, "_last_iterate", None) is None
+            else [np.asarray(a).tolist() for a in self._last_iterate],
             "scale": getattr(self, "_scale", np.ones(1)).tolist(),
         }
         return out
@@ -373,6 +379,8 @@ class Stochastic(Control):
             self._location_sum = np.asarray(window["location_sum"])
             self._location_squares = np.asarray(window["location_squares"])
             self._located = int(window["located"])
+            last = window.get("last_iterate")
+            self._last_iterate = None if last is None else [np.asarray(a) for a in last]
             self._scale = np.asarray(window["scale"])
 
     def describe(self, reason):
@@ -414,13 +422,19 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def _var_of_mean(values: Sequence[float]) -> float:
-    """Variance of the mean of a correlated series: the iid value inflated by the AR(1)
-    correlation time ``(1 + rho) / (1 - rho)`` from the lag-1 autocorrelation ``rho``."""
+    """Variance of the mean of a correlated series: around its linear trend (a trend inside
+    the window is not noise), the iid variance of the residuals inflated by the AR(1)
+    correlation time ``(1 + rho) / (1 - rho)``, ``rho`` their lag-1 autocorrelation (at most
+    0.9)."""
     values = np.asarray(values, dtype=float)
-    if len(values) < 3:
+    n = len(values)
+    if n < 4:
         return 0.0
-    centred = values - values.mean()
-    denominator = float(np.dot(centred, centred))
-    rho = float(np.dot(centred[1:], centred[:-1]) / denominator) if denominator > 0 else 0.0
-    rho = min(max(rho, 0.0), 0.99)
-    return float(np.var(values, ddof=1) / len(values) * (1 + rho) / (1 - rho))
+    steps = np.arange(n) - (n - 1) / 2
+    slope = np.dot(steps, values - values.mean()) / np.dot(steps, steps)
+    residuals = values - values.mean() - slope * steps
+    denominator = float(np.dot(residuals, residuals))
+    if denominator <= 0:
+        return 0.0
+    rho = min(max(float(np.dot(residuals[1:], residuals[:-1]) / denominator), 0.0), 0.9)
+    return float(denominator / (n - 2) / n * (1 + rho) / (1 - rho))

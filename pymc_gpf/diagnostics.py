@@ -132,13 +132,16 @@ class Diagnosis:
     @property
     def verdict(self) -> str:
         """The diagnosis in plain language."""
-        text = self._verdict()
-        if self.unconverged is not None:
-            text = (
-                f"the fit did not converge ({self.unconverged}), so this judges an unfinished "
-                f"q: continue it with approx.refine(n) first. {text[0].upper()}{text[1:]}"
-            )
-        return text
+        if self.unconverged is None:
+            return self._verdict()
+        # k̂ of an unfinished q says nothing about the posterior: no advice from it
+        measured = self._verdict().split(":")[0]
+        refine = "refine" in self.unconverged or "bias" in self.unconverged
+        advice = "" if refine else "; continue it with approx.refine(n) and diagnose again"
+        return (
+            f"the fit did not converge ({self.unconverged}), so this judges an unfinished q "
+            f"({measured}){advice}."
+        )
 
     def _verdict(self) -> str:
         if self.undefined is not None:

@@ -464,9 +464,11 @@ class FlowInference(Inference):
         )
 
     def _location(self) -> tuple[np.ndarray, np.ndarray]:
-        """Where q is and how wide, for the stochastic stopping test: ``(mean, sd)``."""
+        """What the stochastic stopping test watches, and its unit: q's mean in units of
+        its sds and the log of its sds (unit 1: a relative error), ``(values, units)``."""
         q = self.approx.gaussian()
-        return q.mean, np.sqrt(np.maximum(q.marginal_variances(), 0.0))
+        sd = np.sqrt(np.maximum(q.marginal_variances(), 1e-300))
+        return np.concatenate([q.mean, np.log(sd)]), np.concatenate([sd, np.ones_like(sd)])
 
     # ------------------------------------------------------------------------ compile
     def _compile(self, options: FitOptions) -> CompiledStep:

@@ -209,7 +209,9 @@ class GF(FlowInference):
     ``sqrt(K)`` of q's sds, the spread changes by at most 50 %) and the step size follows
     :class:`pymc_gpf.control.Stochastic`: halved when the free energy stops falling, the
     fit ending on the average of its last window once that is precise to ``tol`` sds.
-    Fresh draws make every step an unbiased estimate, so GF has no finite-N bias.
+    Fresh draws every step mean the fit cannot adapt itself to particular points, so GF has
+    no finite-N bias of GPF's kind (the whitening leaves only a small bias of order 1/S in
+    moments of degree 4 and higher).
 
     Algorithm 1 of the paper prints ``phi`` for ``grad phi`` in the mean step and drops the
     ``+ eta2 Gamma`` term; eq. 11, used here, has both. Plain descent on ``Gamma`` is stable

@@ -46,7 +46,7 @@ MAX_MEAN_STEP, MAX_SCALE_STEP = 1.0, 0.5
 
 def default_n_particles(ndim: int) -> int:
     """``2 max(D, 10)``: antithetic pairs spanning every direction (a cubature rule exact to
-    degree 3 for every Gaussian the particles represent), at most 1000."""
+    degree 3 for every Gaussian the particles represent), at least 20 and at most 1000."""
     n = 2 * max(ndim, MIN_DEFAULT_PAIRS)
     if n > MAX_DEFAULT_PARTICLES:
         warnings.warn(
@@ -145,7 +145,7 @@ class GPF(FlowInference):
     Gaussian watches for finite-N bias (the fit stops where the two disagree), and with
     ``n_particles="auto"`` an independent Monte Carlo check of the free energy decides
     whether to restart from the fitted Gaussian with twice the particles (at most
-    ``8 * 2 max(D, 10)``).
+    8 times the start).
 
     Parameters
     ----------
@@ -475,6 +475,8 @@ class GPF(FlowInference):
                 improved, 0.0, pt.switch(accepted, st["gpf_since_best"] + 1.0, st["gpf_since_best"])
             )
             updates |= {
+                # unchanged by the step, but part of the state a saved fit must restore
+                st["gpf_validation_weights"]: st["gpf_validation_weights"],
                 st["gpf_step_size"]: next_step_size(step, accepted, BACKTRACKING).astype(
                     step.dtype
                 ),
@@ -550,7 +552,8 @@ class GPF(FlowInference):
         if not self.stages:
             self.stages.append({"step": 0, "n_particles": n})
         self.stages[-1] |= {"gap": gap, "gap_mcse": mcse}
-        biased = abs(gap) > 3.0 * mcse and abs(gap) > BIAS_FLOOR
+        # significant at about 2 % (one-sided) and larger than the floor
+        biased = abs(gap) - 2.0 * mcse > BIAS_FLOOR
         if not biased:
             return reason
         if n >= default_n_particles(self.target.ndim) * 2**MAX_DOUBLINGS:

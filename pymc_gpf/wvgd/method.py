@@ -367,67 +367,48 @@ class WVGD(FlowInference):
         # with no accepted draw in any cell the bound is stale and nothing can move
         # (e.g. local Gaussians thrown far off by a too-large step)
         free_energy = pt.switch(pt.any(has), -flow.mixture_elbo(elbos, weights), np.nan)
-        if options.auto:
-            return self._natural_step(
-                options,
-                updates,
-                free_energy,
-                points,
-                logp,
-                grad_logp,
-                noise,
-                has,
-                rate,
-                particle_direction,
-                d_means,
-                d_log_scales,
-            )
-        eta1, eta2 = self.learning_rates
-        steps = [
-            (particles, eta1, particle_direction),
-            (means, eta2, d_means),
-            (log_scales, eta2, d_log_scales),
-        ]
-        for var, eta, direction in steps:
-            chain = options.chain(particle_axes=(0,))
-            shape = var.get_value().shape
-            direction, opt_updates = transform_direction(chain, direction, shape, var.name)
-            updates.update(opt_updates)
-            # a cell without accepted draws keeps its particle and local Gaussian this step
-            updates[var] = pt.switch(has[:, None], var - eta * direction, var).astype(var.dtype)
-        return StepGraph(
+        directions = {particles: particle_direction, means: d_means, log_scales: d_log_scales}
+        graph = StepGraph(
             free_energy=free_energy,
             points=points,
             logp=logp.reshape((j * m,)),
             grad=grad_logp.reshape((j * m, d)),
-            positions=flow.local_draws(updates[means], updates[log_scales], noise).reshape(
-                (j * m, d)
-            ),
+            positions=points,  # set below, from the new local Gaussians
             updates=updates,
-            hyper_grads=_hyper_grads(logp, accepted, weights, options.more_obj_params),
         )
+        if options.auto:
+            self._natural_moves(graph, directions, has, rate, options)
+        else:
+            self._fixed_moves(graph, directions, has, options)
+            graph.hyper_grads = _hyper_grads(logp, accepted, weights, options.more_obj_params)
+        new_draws = flow.local_draws(graph.updates[means], graph.updates[log_scales], noise)
+        graph.positions = new_draws.reshape((j * m, d))
+        return graph
 
-    def _natural_step(
-        self,
-        options,
-        updates,
-        free_energy,
-        points,
-        logp,
-        grad_logp,
-        noise,
-        has,
-        acceptance,
-        particle_direction,
-        d_means,
-        d_log_scales,
-    ) -> StepGraph:
+    def _fixed_moves(self, graph: StepGraph, directions: dict, has, options: FitOptions) -> None:
+        """Eq. 20-21 with the fit's optimiser (dimension-wise Adam by default)."""
+        eta1, eta2 = self.learning_rates
+        particles = self.approx.shared_particles
+        for var, direction in directions.items():
+            eta = eta1 if var is particles else eta2
+            chain = options.chain(particle_axes=(0,))
+            shape = var.get_value().shape
+            direction, opt_updates = transform_direction(chain, direction, shape, var.name)
+            graph.updates.update(opt_updates)
+            # a cell without accepted draws keeps its particle and local Gaussian this step
+            new = pt.switch(has[:, None], var - eta * direction, var)
+            graph.updates[var] = new.astype(var.dtype)
+
+    def _natural_moves(
+        self, graph: StepGraph, directions: dict, has, acceptance, options: FitOptions
+    ) -> None:
         """Natural-gradient steps (the automatic step size): each particle moves a fraction
         ``eta`` of the way to its cell's centroid (a damped Lloyd step, eq. 20), each local
         Gaussian ``N(m, s^2)`` by its Fisher-preconditioned gradient ``(s^2 d_m, d_log_s / 2)``
         scaled by the cell's acceptance rate (few accepted draws: a poor estimate) and capped
         per coordinate at 0.2 local sds for the mean and a factor ``e^0.1`` for the scale.
-        The base step comes from :class:`pymc_gpf.control.Stochastic`."""
+        The base step comes from :class:`pymc_gpf.control.Stochastic`; a non-finite step is
+        refused in the graph (the schedule then shrinks the step)."""
         if options.more_obj_params:
             raise ValueError(
                 "more_obj_params (type-II maximum likelihood) needs a fixed learning_rate "
@@ -435,43 +416,33 @@ class WVGD(FlowInference):
             )
         a = self.approx
         particles, means, log_scales = a.shared_particles, a.shared_means, a.shared_log_scales
-        j, d, m = particles.shape[0], self.target.ndim, self.n_samples
         step = self.learning_rates[0]
         scale = pt.exp(log_scales)
         local_step = step * acceptance[:, None]
-        mean_step = local_step * pt.square(scale) * d_means
+        mean_step = local_step * pt.square(scale) * directions[means]
         mean_step = mean_step / pt.maximum(1.0, pt.abs(mean_step) / (MAX_MEAN_STEP * scale))
         scale_step = pt.clip(
-            0.5 * local_step * d_log_scales, -MAX_LOG_SCALE_STEP, MAX_LOG_SCALE_STEP
+            0.5 * local_step * directions[log_scales], -MAX_LOG_SCALE_STEP, MAX_LOG_SCALE_STEP
         )
         moves = {
-            particles: particles - 0.5 * pt.minimum(step, 1.0) * particle_direction,
+            particles: particles - 0.5 * pt.minimum(step, 1.0) * directions[particles],
             means: means - mean_step,
             log_scales: log_scales - scale_step,
         }
-        accepted = pt.any(has) & pt.isfinite(free_energy)
+        accepted = pt.any(has) & pt.isfinite(graph.free_energy)
         for new in moves.values():
             accepted = accepted & pt.all(pt.isfinite(new))
         previous = pytensor.shared(np.asarray(np.inf, dtype=self.target.dtype), "wvgd_free_energy")
-        recorded = pt.switch(accepted, free_energy, previous)
+        recorded = pt.switch(accepted, graph.free_energy, previous)
         updates = {
-            var: pt.switch(accepted, value, var).astype(var.dtype) for var, value in updates.items()
+            var: pt.switch(accepted, value, var).astype(var.dtype)
+            for var, value in graph.updates.items()
         }
         for var, new in moves.items():
             updates[var] = pt.switch(accepted & has[:, None], new, var).astype(var.dtype)
         updates[previous] = recorded
-        return StepGraph(
-            free_energy=recorded,
-            points=points,
-            logp=logp.reshape((j * m,)),
-            grad=grad_logp.reshape((j * m, d)),
-            positions=flow.local_draws(updates[means], updates[log_scales], noise).reshape(
-                (j * m, d)
-            ),
-            updates=updates,
-            info={"accepted": accepted, "step_size": step},
-            guarded=False,
-        )
+        graph.free_energy, graph.updates, graph.guarded = recorded, updates, False
+        graph.info = {"accepted": accepted, "step_size": step}
 
     def _evaluations_per_step(self) -> tuple[int, int]:
         return len(self.approx.particles) * int(self.n_samples), 0
@@ -505,13 +476,14 @@ class WVGD(FlowInference):
         a.shared_mass_count.set_value(seen.astype(self.target.dtype))
 
     def _location(self) -> tuple[np.ndarray, np.ndarray]:
-        """q's approximate mean and sd: the cell-weighted particles, and the spread of the
-        particles plus the local variances."""
+        """q's approximate mean (the cell-weighted particles) in units of its sd (the spread
+        of the particles plus the local variances), and the log of that sd."""
         a = self.approx
         weights = a.cell_weights[:, None]
         mean = np.sum(weights * a.particles, axis=0)
         variance = np.sum(weights * (np.square(a.particles - mean) + np.square(a.local_scales)), 0)
-        return mean, np.sqrt(variance)
+        sd = np.sqrt(np.maximum(variance, 1e-300))
+        return np.concatenate([mean, np.log(sd)]), np.concatenate([sd, np.ones_like(sd)])
 
 
 def _hyper_grads(logp, accepted, weights, params) -> list:
