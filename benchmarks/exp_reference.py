@@ -158,7 +158,7 @@ def fit_case(case: ReferenceCase, spec: MethodSpec, seed: int) -> Result:
         try:
             diagnosis = pymc_gpf.diagnose(run.approx, DIAGNOSE_DRAWS, random_seed=seed)
             result.khat, result.gap = diagnosis.pareto_k, diagnosis.free_energy_gap
-        except (FloatingPointError, ValueError) as err:
+        except (FloatingPointError, ValueError, RuntimeError) as err:
             result.note += f" diagnose: {str(err)[:60]}"
     return result
 

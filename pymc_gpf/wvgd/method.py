@@ -29,6 +29,7 @@ EMPTY_LOG_MASS = -1e300  # "no estimate yet": finite, so the step guard accepts 
 # trust region of the automatic step: a local mean moves at most 0.2 local sds per step and
 # coordinate, a local sd changes by at most a factor e^0.1
 MAX_MEAN_STEP, MAX_LOG_SCALE_STEP = 0.2, 0.1
+MIN_ACCEPTANCE = 0.02  # below it a cell's local Gaussian is re-centred on its particle
 
 
 def _shared(value: np.ndarray, name: str) -> pytensor.compile.SharedVariable:
@@ -406,7 +407,8 @@ class WVGD(FlowInference):
         ``eta`` of the way to its cell's centroid (a damped Lloyd step, eq. 20), each local
         Gaussian ``N(m, s^2)`` by its Fisher-preconditioned gradient ``(s^2 d_m, d_log_s / 2)``
         scaled by the cell's acceptance rate (few accepted draws: a poor estimate) and capped
-        per coordinate at 0.2 local sds for the mean and a factor ``e^0.1`` for the scale.
+        per coordinate at 0.2 local sds for the mean and a factor ``e^0.1`` for the scale; a
+        local Gaussian that accepts under 2 % of its draws is re-centred on its particle.
         The base step comes from :class:`pymc_gpf.control.Stochastic`; a non-finite step is
         refused in the graph (the schedule then shrinks the step)."""
         if options.more_obj_params:
@@ -424,9 +426,12 @@ class WVGD(FlowInference):
         scale_step = pt.clip(
             0.5 * local_step * directions[log_scales], -MAX_LOG_SCALE_STEP, MAX_LOG_SCALE_STEP
         )
+        # a local Gaussian whose draws almost all land in other cells (the cells moved)
+        # cannot improve from its own draws: it starts again on its particle
+        orphan = (acceptance < MIN_ACCEPTANCE)[:, None]
         moves = {
             particles: particles - 0.5 * pt.minimum(step, 1.0) * directions[particles],
-            means: means - mean_step,
+            means: pt.switch(orphan, particles, means - mean_step),
             log_scales: log_scales - scale_step,
         }
         accepted = pt.any(has) & pt.isfinite(graph.free_energy)
@@ -439,7 +444,8 @@ class WVGD(FlowInference):
             for var, value in graph.updates.items()
         }
         for var, new in moves.items():
-            updates[var] = pt.switch(accepted & has[:, None], new, var).astype(var.dtype)
+            movable = has[:, None] | orphan if var is means else has[:, None]
+            updates[var] = pt.switch(accepted & movable, new, var).astype(var.dtype)
         updates[previous] = recorded
         graph.free_energy, graph.updates, graph.guarded = recorded, updates, False
         graph.info = {"accepted": accepted, "step_size": step}
