@@ -339,33 +339,3 @@ def constrained_draws(
     if list(target.labels) != opt.labels:
         raise ValueError("the optimum was computed on another model's coordinates")
     return target.compile_constrained(backend=backend)(flat_draws(opt, draws, seed))
-
-
-def main(names: list[str] | None = None, draws: int = 2**16, seed: int = 0) -> None:
-    """``q*`` for every reference case (or those named): errors against the reference."""
-    from benchmarks.anchors import errors
-    from benchmarks.realdata import reference_cases
-
-    print(
-        f"{'case':<40} {'D':>3} {'eps_mu':>7} {'eps_sd':>7} {'dmean':>8} {'dsd':>8} "
-        f"{'elbo':>11} {'mcse':>6} {'|grad|':>7} {'noise':>7} {'grads':>9} {'time':>6}  info"
-    )
-    for case in reference_cases():
-        if names and case.name not in names:
-            continue
-        opt = gaussian_optimum(case.model, draws=draws, seed=seed)
-        eps_mu, eps_sd = errors(case, constrained_draws(case.model, opt, 100_000, seed))
-        extra = {k: opt.info[k] for k in ("nit", "saa_grad_max", "laplace_pd", "evals")}
-        print(
-            f"{case.name:<40} {len(opt.mean):3d} {eps_mu:7.3f} {eps_sd:7.3f} "
-            f"{opt.seed_dmean:8.1e} {opt.seed_dsd:8.1e} {opt.elbo:11.3f} {opt.elbo_mcse:6.3f} "
-            f"{opt.grad_norm:7.4f} {opt.grad_noise:7.4f} {opt.grad_evals:9d} "
-            f"{opt.wall_time:6.1f}  {extra}",
-            flush=True,
-        )
-
-
-if __name__ == "__main__":
-    import sys
-
-    main(sys.argv[1:] or None)
