@@ -96,9 +96,7 @@ class MethodSpec:
         if self.method == "gpf":
             return len(inference.approx.particles)
         if self.method == "gf":
-            options = inference.fit_options
-            auto = options.auto if options is not None else "learning_rate" not in self.fit_kwargs
-            return 2 * inference._pairs(options) if auto else inference.draws_per_step(options)
+            return inference.draws_per_step(inference.fit_options)
         if self.method == "wvgd":
             return int(inference.n_particles) * int(inference.n_samples)
         if self.method == "svgd":

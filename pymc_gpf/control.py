@@ -213,14 +213,14 @@ class Stochastic(Control):
         min_window: int = 20,
         min_rate: float = 1e-4,
         max_spread: float = 0.5,
-        min_batches: int = 4,
+        min_windows: int = 4,
         max_rejections: int = 30,
     ):
         super().__init__(tol)
         self._location, self._params = location, params
         self._set_params, self._set_rate = set_params, set_rate
         self.rate, self.min_window, self.min_rate = rate, min_window, min_rate
-        self.max_spread, self.min_batches = max_spread, min_batches
+        self.max_spread, self.min_windows = max_spread, min_windows
         self.max_rejections = max_rejections
         self.rejections = 0
         self.averaging = False
@@ -241,7 +241,7 @@ class Stochastic(Control):
     def _clear_average(self) -> None:
         self._sums: list[np.ndarray] | None = None
         self._count = 0
-        self._batch_means: list[np.ndarray] = []
+        self._windows = 0
         self._location_sum = self._location_squares = 0.0
         self._located = 0
 
@@ -258,7 +258,7 @@ class Stochastic(Control):
         self._scale = np.maximum(np.asarray(scale, dtype=float), 1e-300)
         self._values.append(float(free_energy))
         self._locations.append(np.array(location, dtype=float))
-        params = [np.array(p, dtype=float) for p in self._params()]
+        params = [np.asarray(p, dtype=float) for p in self._params()]
         self._window_sums = _add(self._window_sums, params)
         if self.averaging:
             self._sums, self._count = _add(self._sums, params), self._count + 1
@@ -276,11 +276,11 @@ class Stochastic(Control):
             if falling:  # not stationary after all: average afresh from here
                 self._clear_average()
             else:
-                self._batch_means.append(locations.mean(axis=0))
+                self._windows += 1
                 self._location_sum = self._location_sum + locations.sum(axis=0)
                 self._location_squares = self._location_squares + np.square(locations).sum(axis=0)
                 self._located += len(locations)
-                if len(self._batch_means) >= self.min_batches and self._average_error() < self.tol:
+                if self._windows >= self.min_windows and self._average_error() < self.tol:
                     self._set_params([s / self._count for s in self._sums])
                     self._clear_window()
                     return "converged"
@@ -349,7 +349,7 @@ class Stochastic(Control):
             else [a.tolist() for a in self._window_sums],
             "sums": None if self._sums is None else [a.tolist() for a in self._sums],
             "count": self._count,
-            "batch_means": [a.tolist() for a in self._batch_means],
+            "windows": self._windows,
             "location_sum": np.asarray(self._location_sum).tolist(),
             "location_squares": np.asarray(self._location_squares).tolist(),
             "located": self._located,
@@ -375,7 +375,7 @@ class Stochastic(Control):
             )
             self._sums = None if window["sums"] is None else [np.asarray(a) for a in window["sums"]]
             self._count = int(window["count"])
-            self._batch_means = [np.asarray(a) for a in window["batch_means"]]
+            self._windows = int(window["windows"])
             self._location_sum = np.asarray(window["location_sum"])
             self._location_squares = np.asarray(window["location_squares"])
             self._located = int(window["located"])
@@ -405,7 +405,7 @@ class Stochastic(Control):
                 f"stalled: {self.rejections} consecutive steps produced non-finite values even "
                 f"at step size {self.rate:.2g}"
             )
-        if reason == "max_steps" and self.averaging and len(self._batch_means) >= 2:
+        if reason == "max_steps" and self.averaging and self._windows >= 2:
             return (
                 f"reached the maximum number of steps while averaging (Monte Carlo error of "
                 f"the average {self._average_error():.2g} sds, tol {self.tol:g})"

@@ -247,7 +247,6 @@ class FlowInference(Inference):
     name: ClassVar[str] = ""
     default_learning_rate: ClassVar[float] = 1e-3
     default_optimizer: ClassVar[str] = "sgd"
-    auto_base_rate: ClassVar[float] = 1.0  # the automatic step at schedule rate 1
     spread_option: ClassVar[str] = "jitter"  # the option setting the initial spread
     start_points: ClassVar[str] = "particles"  # what the first step evaluates
 
@@ -421,6 +420,12 @@ class FlowInference(Inference):
                     "so the free energy does not depend on it."
                 )
         resolved = resolve(self.default_optimizer if optimizer is None else optimizer)
+        if rates is None and params:
+            raise ValueError(
+                "more_obj_params (type-II maximum likelihood) needs a fixed learning_rate for "
+                "now, e.g. learning_rate=0.01: the automatic step size adapts the fit's own "
+                "step only."
+            )
         if rates is None and (optimizer is not None or clip_norm is not None):
             raise ValueError(
                 "optimizer= and clip_norm= shape a fixed-step fit; the automatic step size "
@@ -449,8 +454,7 @@ class FlowInference(Inference):
 
     def _stochastic_control(self, options: FitOptions) -> Stochastic:
         def set_rate(rate: float) -> None:
-            base = self.auto_base_rate
-            self._learning_rates.set_value(np.full(2, rate * base, dtype=self.target.dtype))
+            self._learning_rates.set_value(np.full(2, rate, dtype=self.target.dtype))
 
         return Stochastic(
             options.tol,
@@ -472,25 +476,20 @@ class FlowInference(Inference):
 
     # ------------------------------------------------------------------------ compile
     def _compile(self, options: FitOptions) -> CompiledStep:
-        rates = options.learning_rate if not options.auto else (self.auto_base_rate,) * 2
+        rates = options.learning_rate if not options.auto else (1.0, 1.0)
         self._learning_rates.set_value(np.asarray(rates, dtype=self.target.dtype))
         graph = self._build_step(options)
         updates = dict(graph.updates)
         keys = {var: var.name for var in updates}
+        # hyperparameters (fixed step sizes only, see _options)
         pairs = zip(options.more_obj_params, graph.hyper_grads, strict=True)
-        if not graph.guarded and options.more_obj_params:
-            raise RuntimeError("an unguarded step must update its hyperparameters itself")
         for i, (theta, grad) in enumerate(pairs):
-            if not graph.guarded:
-                break
             shape = np.shape(theta.get_value())
             direction, opt_updates = transform_direction(options.chain(), grad, shape, f"hyper{i}")
             updates[theta] = (theta - self.learning_rates[0] * direction).astype(theta.dtype)
             updates.update(opt_updates)
             keys.update({var: var.name for var in opt_updates})
             keys[theta] = f"hyper{i}"  # the user's variable: its name may be None or clash
-        for i, theta in enumerate(options.more_obj_params):
-            keys[theta] = f"hyper{i}"
         state = {self._learning_rates.name: self._learning_rates}
         if graph.guarded:
             updates, ok = self._guard(graph, updates, keys, state)

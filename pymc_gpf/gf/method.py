@@ -328,11 +328,6 @@ class GF(FlowInference):
                     "natural_mean=False needs a fixed learning_rate: the automatic step size "
                     "uses natural-gradient steps. Drop natural_mean or pass a learning_rate."
                 )
-            if options.more_obj_params:
-                raise ValueError(
-                    "more_obj_params (type-II maximum likelihood) needs a fixed learning_rate "
-                    "for now, e.g. learning_rate=0.01."
-                )
             return self._natural_step(options)
         approx = self.approx
         mean, factors = approx.shared_mean, approx.shared_factors
@@ -397,7 +392,7 @@ class GF(FlowInference):
         accepted = pt.isfinite(free_energy) & pt.all(pt.isfinite(new_mean))
         for f in new_factors:
             accepted = accepted & pt.all(pt.isfinite(f))
-        previous = self._last_free_energy = pytensor.shared(
+        previous = pytensor.shared(
             np.asarray(np.inf, dtype=self.target.dtype), name="gf_free_energy"
         )
 

@@ -326,12 +326,6 @@ class GPF(FlowInference):
                     "uses the natural flow, whose mean step is C g_bar. Drop natural_mean or "
                     "pass e.g. learning_rate=1e-3."
                 )
-            if options.more_obj_params:
-                raise ValueError(
-                    "more_obj_params (type-II maximum likelihood) needs a fixed learning_rate "
-                    "for now, e.g. learning_rate=0.01: the automatic step size adapts the "
-                    "particles' step only."
-                )
             return self._natural_step(options)
         shared = self.approx.shared_particles
         n, d = shared.get_value().shape
@@ -507,9 +501,11 @@ class GPF(FlowInference):
         )
 
     def _evaluations_per_step(self) -> tuple[int, int]:
-        n = len(self.approx.particles)
+        # borrow: the hot loop asks every step, and only the shapes are read
+        n = self.approx.shared_particles.get_value(borrow=True).shape[0]
         if self.fit_options.auto and self._line_search:
-            return n, len(self._auto_state["gpf_validation_weights"].get_value())
+            weights = self._auto_state["gpf_validation_weights"].get_value(borrow=True)
+            return n, weights.shape[0]
         return n, 0
 
     def checkpoint_extra(self) -> dict:

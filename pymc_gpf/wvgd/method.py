@@ -411,11 +411,6 @@ class WVGD(FlowInference):
         local Gaussian that accepts under 2 % of its draws is re-centred on its particle.
         The base step comes from :class:`pymc_gpf.control.Stochastic`; a non-finite step is
         refused in the graph (the schedule then shrinks the step)."""
-        if options.more_obj_params:
-            raise ValueError(
-                "more_obj_params (type-II maximum likelihood) needs a fixed learning_rate "
-                "for now, e.g. learning_rate=0.01."
-            )
         a = self.approx
         particles, means, log_scales = a.shared_particles, a.shared_means, a.shared_log_scales
         step = self.learning_rates[0]
@@ -451,7 +446,7 @@ class WVGD(FlowInference):
         graph.info = {"accepted": accepted, "step_size": step}
 
     def _evaluations_per_step(self) -> tuple[int, int]:
-        return len(self.approx.particles) * int(self.n_samples), 0
+        return self.approx.shared_particles.get_value(borrow=True).shape[0] * int(self.n_samples), 0
 
     def _finish(self, reason: str) -> None:
         if self.target.minibatch and len(self.hist):
