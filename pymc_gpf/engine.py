@@ -25,7 +25,6 @@ import pytensor
 import pytensor.tensor as pt
 
 from pymc.progress_bar import CustomProgress, default_progress_theme
-from pymc.pytensorf import compile as compile_pymc
 from pymc.variational.inference import Inference, State
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
@@ -37,7 +36,7 @@ from rich.progress import Progress, TextColumn
 from pymc_gpf.control import Control, FixedSteps, Outcome, Stochastic
 from pymc_gpf.errors import DivergenceError, InitialPointError
 from pymc_gpf.optimizers import Optimizer, Transform, map_state, resolve, state_leaves
-from pymc_gpf.target import BatchedTarget, compile_kwargs_for
+from pymc_gpf.target import BatchedTarget, compile_function, compile_kwargs_for
 
 __all__ = ["CompiledStep", "FitOptions", "FlowInference", "StepGraph", "transform_direction"]
 
@@ -169,8 +168,10 @@ class CompiledStep:
     graph: StepGraph
     options: FitOptions
     info: tuple[str, ...] = ()
+    calls: int = 0
 
     def __call__(self):
+        self.calls += 1
         return self.fn()
 
     def diagnose(self, target: BatchedTarget) -> dict[str, np.ndarray]:
@@ -191,12 +192,17 @@ class CompiledStep:
             "new_points": new_points,
             "new_logp": target.logp_and_grads(new_points)[0],
         }
-        kwargs = compile_kwargs_for(self.options.backend, self.options.compile_kwargs)
         # diagnosing must not advance the step's random stream (reproducibility)
         rngs = [v for v in ancestors(outputs.values()) if isinstance(v.type, RandomGeneratorType)]
         saved = [rng.get_value(borrow=False) for rng in rngs]
         try:
-            values = compile_pymc([], list(outputs.values()), random_seed=False, **kwargs)()
+            values = compile_function(
+                [],
+                list(outputs.values()),
+                self.options.backend,
+                self.options.compile_kwargs,
+                random_seed=False,
+            )()
         finally:
             for rng, value in zip(rngs, saved, strict=True):
                 rng.set_value(value, borrow=True)
@@ -499,12 +505,13 @@ class FlowInference(Inference):
                 _add_state(state, keys[var], var)
         self.state_vars = state
         info = dict(graph.info)
-        fn = compile_pymc(
+        fn = compile_function(
             [],
             [graph.free_energy, ok, *info.values()],
+            options.backend,
+            options.compile_kwargs,
             updates=updates,
             random_seed=False,  # noise_rng is seeded by us and continues across compiles
-            **compile_kwargs_for(options.backend, options.compile_kwargs),
         )
         fn.trust_input = True
         return CompiledStep(fn, graph, options, tuple(info))
@@ -700,7 +707,12 @@ class FlowInference(Inference):
                 console=Console(theme=progressbar_theme),
                 disable=not progressbar,
             ) as progress:
-                task = progress.add_task(f"Fitting {self.name.upper()}:", total=n, loss="")
+                # numba compiles at the first call: tens of seconds for a model new to this
+                # machine, about a second once its on-disk cache holds the step
+                status = "compiling the step (cached on disk for the next run)…"
+                task = progress.add_task(
+                    f"Fitting {self.name.upper()}:", total=n, loss=status if not step.calls else ""
+                )
                 for i in range(n):
                     free_energy, ok, *values = step()
                     info = dict(zip(step.info, (float(v) for v in values), strict=True))
@@ -720,7 +732,7 @@ class FlowInference(Inference):
                     stop = self.control.observe(float(free_energy), info)
                     if stop is not None:
                         stop = self._on_stop(stop, start + done)
-                    if done % 10 == 0 or done == n or stop is not None:
+                    if done % 10 == 0 or done in (1, n) or stop is not None:
                         progress.update(
                             task, completed=done, loss=self._progress_text(free_energy, info)
                         )

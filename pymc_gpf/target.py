@@ -39,7 +39,13 @@ from pytensor.tensor.type import discrete_dtypes
 from pymc_gpf.errors import InitialPointError, ModelNotSupportedError
 from pymc_gpf.rewrites import with_rewrites
 
-__all__ = ["BatchedTarget", "Coordinates", "compile_kwargs_for", "vectorize_rows"]
+__all__ = [
+    "BatchedTarget",
+    "Coordinates",
+    "compile_function",
+    "compile_kwargs_for",
+    "vectorize_rows",
+]
 
 _WARNED: set[str] = set()
 
@@ -76,6 +82,28 @@ def compile_kwargs_for(backend: str | None, compile_kwargs: dict | None = None) 
     kwargs = resolve_backend_compile_kwargs(backend, compile_kwargs)
     kwargs["mode"] = with_rewrites(kwargs.get("mode"))
     return kwargs
+
+
+def compile_function(
+    inputs: list[Variable],
+    outputs,
+    backend: str | None = None,
+    compile_kwargs: dict | None = None,
+    **kwargs,
+):
+    """``pymc.pytensorf.compile`` with the backend convention of :func:`compile_kwargs_for`,
+    and numba's fast-math flags off.
+
+    With them (PyTensor's default), numba may reassociate and contract floating-point
+    arithmetic differently when it compiles a node inside the step in this process than
+    when it links the same node loaded from its on-disk cache: one seed gave different bits
+    on a cold and on a warm cache. IEEE arithmetic makes them identical, at no measurable
+    cost per step (its cache keys carry the flag, so no fast-math entry is reused).
+    """
+    with pytensor.config.change_flags(numba__fastmath=False):
+        return compile_pymc(
+            inputs, outputs, **compile_kwargs_for(backend, compile_kwargs), **kwargs
+        )
 
 
 def _map_rows(outputs: list[Variable], flat: Variable, rows: Variable) -> list[Variable]:
@@ -255,9 +283,7 @@ class BatchedTarget:
         """The bare batched function ``X (N, D) -> (logp (N,), dlogp (N, D))``."""
         particles = pt.matrix("particles", dtype=self.dtype)
         logp, grad, _ = self.logp_and_grads(particles)
-        return compile_pymc(
-            [particles], [logp, grad], **compile_kwargs_for(backend, compile_kwargs)
-        )
+        return compile_function([particles], [logp, grad], backend, compile_kwargs)
 
     def logp(self, points: Variable, full_data: bool = False) -> Variable:
         """Per-row log-density ``(K,)`` of ``points`` ``(K, D)``, without the gradient;
@@ -300,7 +326,7 @@ class BatchedTarget:
         whole data set with ``full_data``, see :meth:`logp`)."""
         points = pt.matrix("points", dtype=self.dtype)
         logp = self.logp(points, full_data)
-        return compile_pymc([points], logp, **compile_kwargs_for(backend, compile_kwargs))
+        return compile_function([points], logp, backend, compile_kwargs)
 
     @cached_property
     def minibatch(self) -> bool:
@@ -405,7 +431,7 @@ class BatchedTarget:
         joined, flat = join_nonshared_inputs(self._point, outputs, self.value_vars)
         draws = pt.matrix("draws", dtype=self.dtype)
         batched = vectorize_rows(joined, flat, draws, what="deterministics")
-        fn = compile_pymc([draws], batched, **compile_kwargs_for(backend, compile_kwargs))
+        fn = compile_function([draws], batched, backend, compile_kwargs)
         core_ndims = {v.name: v.ndim for v in outputs}
 
         def constrained(samples: np.ndarray) -> dict[str, np.ndarray]:

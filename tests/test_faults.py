@@ -8,6 +8,9 @@ random Gaussian targets (property tests).
 """
 
 import functools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pymc as pm
@@ -305,6 +308,46 @@ def test_same_seed_gives_bitwise_identical_results(regression_model, method, bac
         np.testing.assert_array_equal(draws_a[name].values, draws_b[name].values)
     other = _fit(regression_model, 30, method=method, random_seed=8, backend=backend)
     assert not np.array_equal(other.hist, a.hist)
+
+
+# a fit in a fresh process: every method at its defaults on a small logistic regression
+_FIT_IN_A_FRESH_PROCESS = """
+import hashlib, numpy as np, pymc as pm, pytensor.tensor as pt, pymc_gpf
+rng = np.random.default_rng(0)
+x = rng.normal(size=(200, 4))
+y = rng.random(200) < 1 / (1 + np.exp(-x @ [0.5, -1.0, 0.2, 0.0]))
+with pm.Model():
+    w = pm.Normal("w", 0, 1, shape=4)
+    pm.Bernoulli("y", logit_p=pt.as_tensor(x) @ w, observed=y)
+    fits = [pm.fit(30, method=m, random_seed=3, progressbar=False) for m in ("gpf", "gf", "wvgd")]
+digest = hashlib.sha256()
+for approx in fits:
+    digest.update(np.asarray(approx.hist).tobytes())
+    for p in approx.params:
+        digest.update(np.asarray(p.get_value()).tobytes())
+print(digest.hexdigest())
+"""
+
+
+def test_same_seed_gives_the_same_bits_on_a_cold_and_a_warm_cache(tmp_path):
+    """Numba compiling the steps in the process (empty cache) and loading them from its
+    on-disk cache gave different floating-point results under fast-math; the steps are
+    compiled without it."""
+    env = dict(os.environ, PYTENSOR_FLAGS=f"base_compiledir={tmp_path}")
+
+    def run() -> str:
+        out = subprocess.run(
+            [sys.executable, "-c", _FIT_IN_A_FRESH_PROCESS],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.strip().splitlines()[-1]
+
+    cold = run()
+    assert any((tmp_path / "numba").iterdir()), "the first run did not fill the cache"
+    assert run() == cold
 
 
 @pytest.mark.parametrize("method", METHODS)
