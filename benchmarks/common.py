@@ -96,9 +96,9 @@ class MethodSpec:
         if self.method == "gpf":
             return len(inference.approx.particles)
         if self.method == "gf":
-            return inference.draws_per_step(inference.fit_options)
+            return inference.resolved_draws(inference.fit_options)
         if self.method == "wvgd":
-            return int(inference.n_particles) * int(inference.n_samples)
+            return int(inference.n_particles) * int(inference.draws_per_particle)
         if self.method == "svgd":
             return int(inference.approx.histogram.get_value().shape[0])
         return int(self.fit_kwargs.get("obj_n_mc", 1))

@@ -54,7 +54,7 @@ def method_specs(start: dict, full: bool) -> list[MethodSpec]:
         MethodSpec(
             "GF S=21, rmsprop 0.01",
             "gf",
-            {"n_samples": N, "start": start},
+            {"draws_per_step": N, "start": start},
             {"learning_rate": 0.01, "optimizer": "rmsprop"},
         ),
         MethodSpec("ADVI (PyMC defaults)", "advi", {"start": start}),
@@ -69,7 +69,7 @@ def method_specs(start: dict, full: bool) -> list[MethodSpec]:
         MethodSpec(
             "GF S=21 natural mean, sgd 0.001",
             "gf",
-            {"n_samples": N, "natural_mean": True, "start": start},
+            {"draws_per_step": N, "natural_mean": True, "start": start},
             {"learning_rate": 1e-3},
         ),
         specs[3],
@@ -381,7 +381,7 @@ def run(ctx) -> str:
         "a potential so the unconstrained space is x itself; μ and the precision factor are "
         "`pm.Data`, so all targets share one compiled graph per method. Every method of a seed "
         f"starts its mean at the same point ~ N(0, I) (seeds {list(s.seeds)}) with its own "
-        "default initial spread (GPF jitter 0.1, GF 0.1 I, ADVI σ = softplus(0), FullRankADVI "
+        "default initial spread (GPF init_scale 0.1, GF 0.1 I, ADVI σ = softplus(0), FullRankADVI "
         "L = softplus(1) I, SVGD jitter 1). The paper's settings: N = S = D + 1 = "
         f"{N} particles or samples, plain descent η = 0.01 for the particle methods, RMSProp "
         "0.01 for the stochastic ones; next to them PyMC's defaults (`adagrad_window`, η = "

@@ -58,13 +58,13 @@ def method_specs(start: dict, full: bool) -> list[MethodSpec]:
         MethodSpec(
             f"GPF N={RANK + 1}, rmsprop 0.01",
             "gpf",
-            {"n_particles": RANK + 1, "jitter": 1.0, "start": start},
+            {"n_particles": RANK + 1, "init_scale": 1.0, "start": start},
             {"learning_rate": 0.01, "optimizer": "rmsprop"},
         ),
         MethodSpec(
             f"GF rank {RANK}, S={RANK}, rmsprop 0.01",
             "gf",
-            {"rank": RANK, "n_samples": RANK, "init_scale": 1.0, "start": start},
+            {"rank": RANK, "draws_per_step": RANK, "init_scale": 1.0, "start": start},
             {"learning_rate": 0.01, "optimizer": "rmsprop"},
         ),
     ]
@@ -221,7 +221,7 @@ def run(ctx) -> str:
         f"choose (GPF: N = {RANK + 1} particles, GF: rank {RANK} with S = {RANK} draws, SVGD: "
         f"{RANK} particles; ADVI is mean-field and FullRankADVI full rank: PyMC has no "
         "low-rank ADVI). All start their mean at one point ~ N(0, I) with an initial spread of "
-        "about 1 (GPF jitter 1, GF Γ = I, as the paper's inits; PyMC's defaults). Optimisers: "
+        "about 1 (GPF init_scale 1, GF Γ = I, as the paper's inits; PyMC's defaults). Optimisers: "
         "the paper's RMSProp 0.01 (dimension-wise for GPF), and PyMC's defaults. At most "
         f"{s.max_steps} steps (the paper's 5000) or {s.max_seconds:g} s of stepping, one seed "
         "(the paper: 10). In the figure the dotted line is ‖Σ‖_F, the error of C = 0, and "

@@ -154,7 +154,7 @@ def run(ctx) -> str:
         f"GPF on the Gaussian targets of the previous section in D = {D} (eigenvalues of Σ "
         f"log-evenly from 0.1 to 0.1κ, κ ∈ {{{', '.join(f'{k:g}' for k in s.kappas)}}}), with "
         f"N ∈ {{{', '.join(map(str, s.particles))}}} particles started around the model's "
-        f"initial point (jitter 0.1), {s.steps} steps of plain descent η = {LEARNING_RATE:g} "
+        f"initial point (init_scale 0.1), {s.steps} steps of plain descent η = {LEARNING_RATE:g} "
         "(the paper: η = 0.001, 20 000 steps; a larger η converges in fewer steps and is "
         "still inside the stability bound 2/(κ + 1/κ) ≈ 0.02 at κ = 100), no natural mean; seeds "
         f"{list(s.seeds)} change the initial particles. Theorem 3: with N ≤ D the N − 1 "

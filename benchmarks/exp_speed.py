@@ -148,14 +148,16 @@ def make_stepper(
     d = pymc_gpf.BatchedTarget(model).ndim
     ours = {
         "gpf": lambda: pymc_gpf.GPF(
-            n, jitter=0.1 if default_jitter else gpf_jitter(n, d), model=model, random_seed=1
+            n, init_scale=0.1 if default_jitter else gpf_jitter(n, d), model=model, random_seed=1
         ),
-        "gf": lambda: pymc_gpf.GF(n_samples=n, model=model, random_seed=1),
+        "gf": lambda: pymc_gpf.GF(draws_per_step=n, model=model, random_seed=1),
         "gf_diag": lambda: pymc_gpf.GF(
-            n_samples=n, structure="diagonal", model=model, random_seed=1
+            draws_per_step=n, structure="diagonal", model=model, random_seed=1
         ),
-        "gf_lowrank": lambda: pymc_gpf.GF(10, n_samples=n, model=model, random_seed=1),
-        "wvgd": lambda: pymc_gpf.WVGD(4, n_samples=max(n // 4, 1), model=model, random_seed=1),
+        "gf_lowrank": lambda: pymc_gpf.GF(10, draws_per_step=n, model=model, random_seed=1),
+        "wvgd": lambda: pymc_gpf.WVGD(
+            4, draws_per_particle=max(n // 4, 1), model=model, random_seed=1
+        ),
     }
     fit_kwargs: dict = {"progressbar": False, "backend": backend}
     if method in ours:
@@ -414,7 +416,7 @@ def plot_scaling(ctx, s: Settings, by_dim: dict, by_n: dict) -> str:
 
 # ------------------------------------------------------------------------------ run
 def default_jitter_check(ctx, d: int, s: Settings) -> str:
-    """GPF at the largest D with its default jitter: does the default learning rate hold?"""
+    """GPF at the largest D with its default init_scale: does the default learning rate hold?"""
     payload = {
         "model": {"kind": "diagonal", "d": d},
         "method": "gpf",
@@ -424,19 +426,19 @@ def default_jitter_check(ctx, d: int, s: Settings) -> str:
         "default_jitter": True,
     }
     out = run_in_child(payload)
-    case = f"diagonal Gaussian D={d}, N={SCALING_BATCH}, default jitter 0.1"
+    case = f"diagonal Gaussian D={d}, N={SCALING_BATCH}, default init_scale 0.1"
     found = re.search(r"diverged at step (\d+)", out.get("error", ""))
     if found:
         step = ctx.record(case, "gpf", "diverged_at_step", int(found.group(1)))
         return (
-            f"at D = {d:,}, N = {SCALING_BATCH}, GPF with the default jitter and learning rate "
+            f"at D = {d:,}, N = {SCALING_BATCH}, GPF with the default init_scale and learning rate "
             f"0.001 diverged at step {step} on this target (this run)"
         )
     if "error" in out:
         ctx.record(case, "gpf", "failure", 1.0, note=out["error"])
-        return f"at D = {d:,} GPF with the default jitter failed: {out['error'][:120]}"
+        return f"at D = {d:,} GPF with the default init_scale failed: {out['error'][:120]}"
     ctx.record(case, "gpf", "ms_per_step", out["ms_per_step"], "ms")
-    return f"at D = {d:,}, N = {SCALING_BATCH} the default jitter ran without diverging here"
+    return f"at D = {d:,}, N = {SCALING_BATCH} the default init_scale ran without diverging here"
 
 
 def scaling_tables(results: dict, s: Settings, axis: str) -> list[str]:
@@ -495,7 +497,7 @@ def run(ctx) -> str:
             f"{fmt(min(baselines, default=float('nan')))}–"
             f"{fmt(max(baselines, default=float('nan')))} MB after the imports and the model, "
             "before any method runs, and compilation leaves more behind. GPF starts its "
-            "particles with jitter 0.1·sqrt(N/D) when N ≤ D (see the note under the "
+            "particles with init_scale 0.1·sqrt(N/D) when N ≤ D (see the note under the "
             f"tables). FullRankADVI runs only up to D = {FULL_RANK_MAX_D:,}: it keeps "
             "D(D+1)/2 parameters plus PyMC's `adagrad_window` state of 10 gradients of that "
             "size (4.4 GB at D = 10⁴)."
@@ -506,7 +508,7 @@ def run(ctx) -> str:
         parts += scaling_tables(by_n, s, "N")
     parts += [
         figure,
-        "Note: with GPF's default jitter 0.1 the N − 1 non-zero eigenvalues of the initial "
+        "Note: with GPF's default init_scale 0.1 the N − 1 non-zero eigenvalues of the initial "
         "particle covariance are about 0.01·D/N (N ≪ D particles in general position are "
         "nearly orthogonal), so the stable step size shrinks with D/N: " + jitter_note + ".",
         "**What the numbers say.** " + findings(ctx, s, per_step_ms, by_dim, by_n),

@@ -101,7 +101,7 @@ def lloyd_max(settings: Settings, seed: int = 1) -> list[LloydResult]:
     out = []
     for j in settings.lloyd_particles:
         inference = pymc_gpf.WVGD(
-            n_particles=j, n_samples=200, init_scale=1.0, model=model, random_seed=seed + j
+            n_particles=j, draws_per_particle=200, init_scale=1.0, model=model, random_seed=seed + j
         )
         average = RunningMean(settings.lloyd_steps // 2)
         start = time.perf_counter()
@@ -212,7 +212,7 @@ def evidence_bounds(name: str, settings: Settings) -> tuple[np.ndarray, np.ndarr
                 settings.steps,
                 method="wvgd",
                 model=model,
-                inf_kwargs={"n_particles": j, "n_samples": 100},
+                inf_kwargs={"n_particles": j, "draws_per_particle": 100},
                 random_seed=r,
                 progressbar=False,
                 backend=common.backend(),

@@ -57,7 +57,7 @@ def main() -> None:
             args.steps,
             method="wvgd",
             model=model,
-            inf_kwargs={"n_particles": n_particles, "n_samples": 100, "init_scale": 1.0},
+            inf_kwargs={"n_particles": n_particles, "draws_per_particle": 100, "init_scale": 1.0},
             random_seed=2,
             progressbar=not quick,
         )

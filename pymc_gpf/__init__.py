@@ -4,8 +4,6 @@
 (``pymc_gpf.unregister()`` undoes it).
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
 from pymc_gpf import optimizers
 from pymc_gpf.diagnostics import Diagnosis, diagnose
 from pymc_gpf.errors import DivergenceError, InitialPointError, ModelNotSupportedError
@@ -14,12 +12,8 @@ from pymc_gpf.gpf import GPF, GPFApproximation
 from pymc_gpf.persistence import load
 from pymc_gpf.registry import register, register_method, unregister
 from pymc_gpf.target import BatchedTarget
+from pymc_gpf.version import __version__
 from pymc_gpf.wvgd import WVGD, WVGDApproximation
-
-try:
-    __version__ = version("pymc-gpf")
-except PackageNotFoundError:  # running from a source tree
-    __version__ = "0.0.0+unknown"
 
 __all__ = [
     "GF",

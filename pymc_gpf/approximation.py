@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import functools
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import xarray as xr
 
 from arviz_base import dict_to_dataset
+from pymc.backends.arviz import coords_and_dims_for_inferencedata
 
+from pymc_gpf.checks import is_integer, seed_sequence
 from pymc_gpf.datatree import build_datatree, fit_group, settings_attrs
+from pymc_gpf.diagnostics import Diagnosis, diagnose
+from pymc_gpf.engine import FlowInference
 from pymc_gpf.gaussian import GaussianQ
-
-if TYPE_CHECKING:
-    from pymc_gpf.diagnostics import Diagnosis
-    from pymc_gpf.engine import FlowInference
+from pymc_gpf.persistence import save, to_datatree
 
 LOGP_CHUNK = 256  # points per log-density call: bounds memory for models with much data
 
@@ -120,7 +121,7 @@ class FlowApproximation:
     def _compiled_for(self, key, compile_fn, *args):
         """A compiled function of the target, once per fit backend."""
         options = self.inference.fit_options
-        backend = options.backend if options is not None else None
+        backend = options.compile_backend if options is not None else None
         if (key, backend, *args) not in self._compiled:
             self._compiled[key, backend, *args] = compile_fn(*args, backend=backend)
         return self._compiled[key, backend, *args]
@@ -167,9 +168,6 @@ class FlowApproximation:
         when k̂ makes them unreliable. ``regularize`` is passed to the diagnosis (needed
         when q is degenerate).
         """
-        from pymc_gpf.diagnostics import diagnose
-        from pymc_gpf.engine import is_integer, seed_sequence
-
         if not is_integer(draws, 1):
             raise ValueError(f"draws must be a positive integer, got {draws!r}.")
         if include_transformed is None:
@@ -198,14 +196,10 @@ class FlowApproximation:
         """Write the fit (state included, so :func:`pymc_gpf.load` can continue it) to a
         netCDF file, or a zarr store if ``path`` ends in ``.zarr``; with ``draws`` > 0 the
         file also holds that many posterior draws. Returns the path."""
-        from pymc_gpf.persistence import save
-
         return save(self, path, draws, random_seed)
 
     def to_datatree(self, draws: int = 0, random_seed=None) -> xr.DataTree:
         """The fit as the DataTree :meth:`save` writes."""
-        from pymc_gpf.persistence import to_datatree
-
         return to_datatree(self, draws, random_seed)
 
     def method_group(self) -> xr.Dataset:
@@ -222,8 +216,6 @@ class FlowApproximation:
     ) -> xr.Dataset:
         """A method group: ``points`` in constrained space on ``dim``, the same points
         unconstrained on ``(dim, coordinate)``, and the settings as attributes."""
-        from pymc.backends.arviz import coords_and_dims_for_inferencedata
-
         coords, dims = coords_and_dims_for_inferencedata(self.model)
         values = self.constrained(points)
         ds = dict_to_dataset(values, coords=coords, dims=dims, sample_dims=[dim])

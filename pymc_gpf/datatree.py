@@ -7,6 +7,7 @@ one group named after the method with its fitted state and settings.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,8 @@ from pymc.backends.arviz import (
     find_constants,
     find_observations,
 )
+
+from pymc_gpf.version import __version__
 
 __all__ = ["build_datatree", "fit_group", "settings_attrs"]
 
@@ -44,10 +47,9 @@ def fit_group(
     )
 
 
-def _library():
-    import pymc_gpf
-
-    return pymc_gpf
+# what ArviZ records as the inference library (its name and version), without importing the
+# package root from inside it
+LIBRARY = SimpleNamespace(__name__="pymc_gpf", __version__=__version__)
 
 
 def settings_attrs(settings: dict[str, Any]) -> dict[str, Any]:
@@ -76,12 +78,11 @@ def build_datatree(
     """Assemble the DataTree; ``posterior`` values have a leading draw axis (``None``: no
     posterior group)."""
     coords, dims = coords_and_dims_for_inferencedata(model)
-    library = _library()
     groups = {}
     if posterior is not None:
         groups["posterior"] = dict_to_dataset_drop_incompatible_coords(
             {name: value[None, ...] for name, value in posterior.items()},
-            inference_library=library,
+            inference_library=LIBRARY,
             coords=coords,
             dims=dims,
         )
@@ -95,6 +96,6 @@ def build_datatree(
     ):
         if values:
             groups[name] = dict_to_dataset(
-                values, inference_library=library, coords=coords, dims=dims, sample_dims=[]
+                values, inference_library=LIBRARY, coords=coords, dims=dims, sample_dims=[]
             )
     return xr.DataTree.from_dict({f"/{k}": v for k, v in groups.items()})

@@ -25,7 +25,6 @@ from __future__ import annotations
 import warnings
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
@@ -33,10 +32,8 @@ import xarray as xr
 from arviz_stats.base import array_stats
 from scipy.special import logsumexp
 
-from pymc_gpf.engine import seed_sequence
-
-if TYPE_CHECKING:
-    from pymc_gpf.approximation import FlowApproximation
+from pymc_gpf.checks import is_integer, seed_sequence
+from pymc_gpf.protocols import FittedApproximation
 
 __all__ = ["Diagnosis", "diagnose", "free_energy_gap", "khat_threshold"]
 
@@ -236,7 +233,7 @@ class Diagnosis:
 
 
 def free_energy_gap(
-    approx: FlowApproximation, free_energy: float, draws: int, rng: np.random.Generator
+    approx: FittedApproximation, free_energy: float, draws: int, rng: np.random.Generator
 ) -> tuple[float, float]:
     """``-ELBO - F`` and its Monte Carlo standard error: ``-ELBO`` of the fitted Gaussian q
     estimated from ``draws`` antithetic draws (pairs ``m +- F xi``) of ``log p - log q``,
@@ -277,7 +274,7 @@ def _regularize_option(regularize) -> bool | float | None:
 
 
 def diagnose(
-    approx: FlowApproximation,
+    approx: FittedApproximation,
     draws: int = 4000,
     *,
     random_seed=None,
@@ -297,8 +294,6 @@ def diagnose(
     The result is also kept as ``approx.diagnosis``, so ``approx.sample()`` stores its
     numbers in the method's DataTree group.
     """
-    from pymc_gpf.engine import is_integer
-
     if not is_integer(draws, 10):
         raise ValueError(f"draws must be an integer >= 10, got {draws!r}.")
     ridge = _regularize_option(regularize)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-import numbers
 import warnings
 
 from collections.abc import Callable, Sequence
@@ -33,10 +32,24 @@ from pytensor.tensor.random.type import RandomGeneratorType
 from rich.console import Console
 from rich.progress import Progress, TextColumn
 
+from pymc_gpf.checks import is_integer, positive, seed_sequence
 from pymc_gpf.control import Control, FixedSteps, Outcome, Stochastic
 from pymc_gpf.errors import DivergenceError, InitialPointError
-from pymc_gpf.optimizers import Optimizer, Transform, map_state, resolve, state_leaves
-from pymc_gpf.target import BatchedTarget, compile_function, compile_kwargs_for
+from pymc_gpf.optimizers import (
+    Optimizer,
+    Transform,
+    chain,
+    clip_by_norm,
+    map_state,
+    resolve,
+    state_leaves,
+)
+from pymc_gpf.target import (
+    BatchedTarget,
+    compile_function,
+    compile_kwargs_for,
+    quick_compile_backend,
+)
 
 __all__ = ["CompiledStep", "FitOptions", "FlowInference", "StepGraph", "transform_direction"]
 
@@ -51,31 +64,6 @@ logger = logging.getLogger("pymc_gpf")
 INITS = ("initial_point", "map")
 
 
-def positive(name: str, value: Any) -> float:
-    """``value`` as a float, or a clear error if it is not a positive finite number."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {value!r}.")
-    return float(value)
-
-
-def is_integer(value: Any, minimum: int) -> bool:
-    """``value`` is an integer (not a bool) and at least ``minimum``."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
-
-
-def seed_sequence(random_seed: Any) -> np.random.SeedSequence:
-    """PyMC accepts ints, sequences of ints, SeedSequences and Generators as seeds."""
-    if isinstance(random_seed, np.random.SeedSequence):
-        return random_seed
-    if isinstance(random_seed, np.random.Generator):
-        return np.random.SeedSequence(int(random_seed.integers(2**63)))
-    if isinstance(random_seed, np.random.RandomState):
-        return np.random.SeedSequence(int(random_seed.randint(2**31)))
-    return np.random.SeedSequence(random_seed)
-
-
 @dataclass(frozen=True)
 class FitOptions:
     """Settings of one ``fit`` call (PyMC fit keywords). ``learning_rate`` is ``None`` for the
@@ -85,10 +73,11 @@ class FitOptions:
     optimizer: Optimizer
     clip_norm: float | None
     more_obj_params: tuple[SharedVariable, ...]
-    backend: str | None
+    backend: str | None  # as the user gave it
     compile_kwargs: dict = field(default_factory=dict)
     include_transformed: bool = False
     tol: float | None = None
+    compile_backend: str | None = None  # what the fit compiles with (see FlowInference)
 
     @property
     def auto(self) -> bool:
@@ -97,8 +86,6 @@ class FitOptions:
 
     def chain(self, particle_axes: Sequence[int] = ()) -> Transform:
         """Clip (optional), then precondition: the optimiser of one array."""
-        from pymc_gpf.optimizers import chain, clip_by_norm
-
         clip = [clip_by_norm(self.clip_norm)] if self.clip_norm is not None else []
         return chain(*clip, self.optimizer.transform(particle_axes))
 
@@ -110,6 +97,7 @@ class FitOptions:
             "clip_norm": self.clip_norm,
             "more_obj_params": [p.name or repr(p) for p in self.more_obj_params],
             "backend": self.backend,
+            "compiled_with": self.compile_backend or "PyMC's default",
         }
 
 
@@ -199,7 +187,7 @@ class CompiledStep:
             values = compile_function(
                 [],
                 list(outputs.values()),
-                self.options.backend,
+                self.options.compile_backend,
                 self.options.compile_kwargs,
                 random_seed=False,
             )()
@@ -253,7 +241,13 @@ class FlowInference(Inference):
     name: ClassVar[str] = ""
     default_learning_rate: ClassVar[float] = 1e-3
     default_optimizer: ClassVar[str] = "sgd"
-    spread_option: ClassVar[str] = "jitter"  # the option setting the initial spread
+    spread_option: ClassVar[str] = "init_scale"  # the option setting the initial spread
+    # an automatic fit on full data takes tens to hundreds of steps, so compiling is most of
+    # the time to a result: with no backend named, compile it where that is quickest
+    # (target.quick_compile_backend); fixed-step and minibatch fits keep PyMC's default,
+    # which runs each step faster
+    quick_compile: ClassVar[bool] = False
+    renamed_options: ClassVar[dict[str, str]] = {}  # old constructor keyword -> new
     start_points: ClassVar[str] = "particles"  # what the first step evaluates
 
     def __init__(self, *, model=None, random_seed=None, start=None):
@@ -299,6 +293,9 @@ class FlowInference(Inference):
         """An inference rebuilt from :meth:`constructor_options`, skipping its search for a
         starting point (a checkpoint's state replaces it)."""
         options = dict(options)
+        for old, new in cls.renamed_options.items():  # saved by an earlier release
+            if old in options:
+                options[new] = options.pop(old)
         init = options.pop("init", INITS[0])
         inference = cls(model=model, init=INITS[0], **options)
         inference.init = init
@@ -439,6 +436,7 @@ class FlowInference(Inference):
                 "learning_rate too to use them (e.g. learning_rate=0.01, optimizer='adam')."
             )
         compile_kwargs_for(backend, compile_kwargs)  # validates backend vs compile_kwargs
+        long_fit = rates is not None or self.target.minibatch or not self.quick_compile
         return FitOptions(
             learning_rate=rates,
             optimizer=resolved,
@@ -448,6 +446,7 @@ class FlowInference(Inference):
             compile_kwargs=dict(compile_kwargs or {}),
             include_transformed=bool(include_transformed),
             tol=tol,
+            compile_backend=backend if long_fit else quick_compile_backend(backend, compile_kwargs),
         )
 
     def _control(self, options: FitOptions) -> Control:
@@ -508,7 +507,7 @@ class FlowInference(Inference):
         fn = compile_function(
             [],
             [graph.free_energy, ok, *info.values()],
-            options.backend,
+            options.compile_backend,
             options.compile_kwargs,
             updates=updates,
             random_seed=False,  # noise_rng is seeded by us and continues across compiles

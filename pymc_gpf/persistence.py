@@ -16,7 +16,7 @@ import dataclasses
 import json
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pymc as pm
@@ -26,11 +26,11 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.traversal import ancestors
 
 from pymc_gpf.control import Outcome
+from pymc_gpf.datatree import build_datatree
+from pymc_gpf.engine import FlowInference
 from pymc_gpf.optimizers import OPTIMIZERS, Optimizer
-
-if TYPE_CHECKING:
-    from pymc_gpf.approximation import FlowApproximation
-    from pymc_gpf.engine import FlowInference
+from pymc_gpf.protocols import FittedApproximation
+from pymc_gpf.registry import METHODS
 
 __all__ = ["load", "save", "to_datatree"]
 
@@ -100,11 +100,9 @@ def _checkpoint(inference: FlowInference) -> xr.Dataset:
     return xr.Dataset(arrays, attrs=attrs)
 
 
-def to_datatree(approx: FlowApproximation, draws: int = 0, random_seed=None) -> xr.DataTree:
+def to_datatree(approx: FittedApproximation, draws: int = 0, random_seed=None) -> xr.DataTree:
     """The fit as a DataTree: ``approx.sample(draws)``'s groups (no ``posterior`` when
     ``draws=0``) plus the ``checkpoint`` group :func:`load` needs."""
-    from pymc_gpf.datatree import build_datatree
-
     checkpoint = _checkpoint(approx.inference)
     if draws:
         tree = approx.sample(draws, random_seed=random_seed)
@@ -120,7 +118,7 @@ def to_datatree(approx: FlowApproximation, draws: int = 0, random_seed=None) -> 
     return tree
 
 
-def save(approx: FlowApproximation, path: str | Path, draws: int = 0, random_seed=None) -> Path:
+def save(approx: FittedApproximation, path: str | Path, draws: int = 0, random_seed=None) -> Path:
     """Write the fit to ``path``: zarr if it ends in ``.zarr``, netCDF (HDF5) otherwise."""
     path = Path(path)
     tree = to_datatree(approx, draws, random_seed)
@@ -169,14 +167,12 @@ def _hyperparameters(model: pm.Model, names: list[str | None]) -> list[SharedVar
     return [shared[name] for name in names]
 
 
-def load(source: str | Path | xr.DataTree, model: pm.Model | None = None) -> FlowApproximation:
+def load(source: str | Path | xr.DataTree, model: pm.Model | None = None) -> FittedApproximation:
     """Rebuild a saved fit on ``model`` (the model it was fitted to, rebuilt by the same
     code; default: the model in context) and return its approximation, ready for
     ``refine(n)``, ``sample()`` and :func:`pymc_gpf.diagnose`. Learnt hyperparameters
     (``more_obj_params``) are written back into the model's shared variables of the same
     names, as the fit had left them."""
-    from pymc_gpf.registry import METHODS
-
     tree = _open(source)
     if GROUP not in tree.children:
         raise ValueError(

@@ -52,7 +52,7 @@ def _wrap(original):
             if start_sigma is not None:
                 raise NotImplementedError(
                     f"start_sigma is only available for method 'advi'; for {name!r} set the "
-                    "initial spread with inf_kwargs={'jitter': ...}."
+                    "initial spread with inf_kwargs={'init_scale': ...}."
                 )
             model = pymc.modelcontext(model)
             options = dict(inf_kwargs or {})  # as PyMC: explicit arguments override inf_kwargs

@@ -209,7 +209,7 @@ def test_gf_low_rank_is_degenerate_and_wvgd_diagnoses_its_mixture(correlated):
         3000,
         method="wvgd",
         model=correlated,
-        inf_kwargs={"n_particles": 1, "n_samples": 100},
+        inf_kwargs={"n_particles": 1, "draws_per_particle": 100},
         random_seed=2,
         progressbar=False,
     )

@@ -58,10 +58,10 @@ BAD_OPTIONS = [
     ("gpf", {"n_particles": 1}, {}, ValueError, "n_particles must be 'auto' or an integer >= 2"),
     ("gpf", {"n_particles": 2.5}, {}, ValueError, "n_particles"),
     ("gpf", {"n_particles": True}, {}, ValueError, "n_particles"),
-    ("gpf", {"jitter": 0.0}, {}, ValueError, "jitter must be a positive"),
-    ("gpf", {"jitter": -1.0}, {}, ValueError, "jitter"),
-    ("gpf", {"jitter": float("nan")}, {}, ValueError, "jitter"),
-    ("gpf", {"jitter": float("inf")}, {}, ValueError, "jitter must be finite"),
+    ("gpf", {"init_scale": 0.0}, {}, ValueError, "init_scale must be a positive"),
+    ("gpf", {"init_scale": -1.0}, {}, ValueError, "init_scale"),
+    ("gpf", {"init_scale": float("nan")}, {}, ValueError, "init_scale"),
+    ("gpf", {"init_scale": float("inf")}, {}, ValueError, "init_scale must be finite"),
     ("gpf", {"structure": "banded"}, {}, ValueError, "Unknown structure 'banded'.*intercept"),
     ("gpf", {"structure": [["slope", "nope"]]}, {}, ValueError, "'nope'.*not a free variable"),
     ("gpf", {"structure": [["slope"], ["slope", "sigma"]]}, {}, ValueError, "more than one"),
@@ -73,13 +73,25 @@ BAD_OPTIONS = [
     ("gf", {"rank": 4}, {}, ValueError, "rank must be an integer between 1 and D = 3"),
     ("gf", {"rank": 2.0}, {}, ValueError, "rank must be an integer"),
     ("gf", {"rank": 2, "structure": "diagonal"}, {}, ValueError, "rank applies to 'full'"),
-    ("gf", {"n_samples": 0}, {}, ValueError, "n_samples must be 'auto' or an integer >= 1"),
+    (
+        "gf",
+        {"draws_per_step": 0},
+        {},
+        ValueError,
+        "draws_per_step must be 'auto' or an integer >= 1",
+    ),
     ("gf", {"init_scale": 0.0}, {}, ValueError, "init_scale must be positive"),
     ("gf", {"init_scale": float("nan")}, {}, ValueError, "init_scale must be a positive finite"),
     ("gf", {"structure": "banded"}, {}, ValueError, "Unknown structure 'banded'"),
     ("wvgd", {"n_particles": 0}, {}, ValueError, "n_particles must be an integer >= 1"),
     ("wvgd", {"n_particles": 2.5}, {}, ValueError, "n_particles must be an integer"),
-    ("wvgd", {"n_samples": 0}, {}, ValueError, "n_samples must be an integer >= 1"),
+    (
+        "wvgd",
+        {"draws_per_particle": 0},
+        {},
+        ValueError,
+        "draws_per_particle must be an integer >= 1",
+    ),
     ("wvgd", {"init_scale": -1.0}, {}, ValueError, "init_scale must be positive"),
     ("wvgd", {"weight_memory": 0.5}, {}, ValueError, "weight_memory must be >= 1"),
     ("wvgd", {"initial_particles": np.zeros((2, 2))}, {}, ValueError, r"shape \(J, 3\)"),
@@ -103,7 +115,7 @@ BAD_OPTIONS = [
     ("wvgd", {}, {"obj_optimizer": None}, TypeError, "unexpected keyword.*obj_optimizer"),
     ("gpf", {}, {"more_obj_params": [np.float64(1.0)]}, TypeError, "pytensor.shared"),
     ("gf", {}, {"more_obj_params": [pytensor.shared(1.0, name="unused")]}, ValueError, "unused"),
-    ("gpf", {}, {"start_sigma": {"slope": 1.0}}, NotImplementedError, "start_sigma.*jitter"),
+    ("gpf", {}, {"start_sigma": {"slope": 1.0}}, NotImplementedError, "start_sigma.*init_scale"),
     ("wvgd", {}, {"backend": 3}, TypeError, "backend must be a string"),
     ("gf", {}, {"n": -1}, ValueError, "n .the number of steps. must be a non-negative integer"),
 ]
@@ -187,7 +199,7 @@ def test_unknown_method_and_instances(regression_model):
     with pytest.raises(KeyError, match=r"advi.*gpf|gpf.*advi"):
         pm.fit(10, method="nonsense", model=regression_model)
     with pytest.raises(ValueError, match="pass them to the instance"):
-        pm.fit(5, method=pymc_gpf.GF(model=regression_model), inf_kwargs={"n_samples": 3})
+        pm.fit(5, method=pymc_gpf.GF(model=regression_model), inf_kwargs={"draws_per_step": 3})
     with pm.Model() as other:
         pm.Normal("z")
     with pytest.raises(ValueError, match="built for another model"):
@@ -310,7 +322,7 @@ def test_same_seed_gives_bitwise_identical_results(regression_model, method, bac
     assert not np.array_equal(other.hist, a.hist)
 
 
-# a fit in a fresh process: every method at its defaults on a small logistic regression
+# fits in a fresh process: every method at its defaults on a small logistic regression
 _FIT_IN_A_FRESH_PROCESS = """
 import hashlib, numpy as np, pymc as pm, pytensor.tensor as pt, pymc_gpf
 rng = np.random.default_rng(0)
@@ -320,6 +332,8 @@ with pm.Model():
     w = pm.Normal("w", 0, 1, shape=4)
     pm.Bernoulli("y", logit_p=pt.as_tensor(x) @ w, observed=y)
     fits = [pm.fit(30, method=m, random_seed=3, progressbar=False) for m in ("gpf", "gf", "wvgd")]
+    # fixed steps compile with PyMC's default backend (numba), automatic GPF and GF with C
+    fits.append(pm.fit(30, method="gpf", learning_rate=0.01, random_seed=3, progressbar=False))
 digest = hashlib.sha256()
 for approx in fits:
     digest.update(np.asarray(approx.hist).tobytes())
@@ -412,3 +426,25 @@ def test_gpf_fixed_points_satisfy_the_theorems(d, kappa, extra, seed):
         np.testing.assert_allclose(c, cov, atol=1e-6 * spectrum.max())
         log_z = 0.5 * d * np.log(2 * np.pi) + 0.5 * np.linalg.slogdet(cov)[1]
         assert trace[-1] == pytest.approx(-log_z, abs=1e-8)
+
+
+@pytest.mark.parametrize(
+    ("method", "old", "new", "value"),
+    [
+        ("gpf", "jitter", "init_scale", 0.3),
+        ("gf", "n_samples", "draws_per_step", 6),
+        ("wvgd", "n_samples", "draws_per_particle", 7),
+    ],
+)
+def test_renamed_options_still_work_with_a_warning(regression_model, method, old, new, value):
+    cls = pymc_gpf.registry.METHODS[method]
+    with pytest.warns(FutureWarning, match=f"{old}=.*is now.*{new}="):
+        inference = cls(model=regression_model, random_seed=1, **{old: value})
+    assert getattr(inference, new) == value
+    assert inference.constructor_options()[new] == value
+    with pytest.raises(TypeError, match=f"both {old}="):
+        cls(model=regression_model, **{old: value, new: 2 * value})
+    # a fit saved by an earlier release names the old option: it loads silently
+    saved = {k: v for k, v in inference.constructor_options().items() if k != new}
+    rebuilt = cls.from_options(regression_model, {**saved, old: value})
+    assert getattr(rebuilt, new) == value

@@ -68,7 +68,7 @@ def test_inf_kwargs_and_instance_path(regression_model):
         0,
         method="GPF",
         model=regression_model,
-        inf_kwargs={"n_particles": 7, "natural_mean": True, "jitter": 0.5},
+        inf_kwargs={"n_particles": 7, "natural_mean": True, "init_scale": 0.5},
         progressbar=False,
     )
     assert approx.inference.n_particles == 7 and approx.inference.natural_mean

@@ -1,10 +1,8 @@
-"""Real models: NUTS agreement, pm.Minibatch on the full-data scale, type-II ML."""
+"""Real models: NUTS agreement, pm.Minibatch on the full-data scale (type-II ML is in
+tests/test_contract.py)."""
 
 import numpy as np
 import pymc as pm
-import pytensor
-import pytensor.tensor as pt
-import pytest
 
 from conftest import assert_matches_nuts, nuts_posterior
 
@@ -87,30 +85,3 @@ def test_minibatch_free_energy_is_on_the_full_data_scale():
     assert estimates.std() > 1.0  # the minibatch noise is real...
     error = 4 * estimates.std() / np.sqrt(len(estimates))
     assert abs(estimates.mean() - exact) < error  # ...and centred on the full-data value
-
-
-def test_more_obj_params_is_type_ii_maximum_likelihood():
-    """w_j ~ N(0, sigma^2), y_j ~ N(w_j, 1): descending F~ jointly in the particles and
-    log(sigma) gives the closed-form ML-II sigma^2 = mean(y^2) - 1, and F~ = -log p(y|sigma)."""
-    rng = np.random.default_rng(4)
-    groups = 20
-    y = rng.normal(0, np.sqrt(2.0**2 + 1), groups)
-    log_sigma = pytensor.shared(0.0, name="log_sigma")
-    with pm.Model() as model:
-        w = pm.Normal("w", 0, pt.exp(log_sigma), shape=groups)
-        pm.Normal("y", w, 1.0, observed=y)
-    approx = pm.fit(
-        20_000,
-        method="gpf",
-        model=model,
-        random_seed=6,
-        inf_kwargs={"natural_mean": True},
-        learning_rate=0.01,
-        more_obj_params=[log_sigma],
-        progressbar=False,
-    )
-    sigma2 = np.mean(y**2) - 1
-    assert np.exp(2 * log_sigma.get_value()) == pytest.approx(sigma2, rel=1e-8)
-    marginal = -0.5 * np.sum(np.log(2 * np.pi * (sigma2 + 1)) + y**2 / (sigma2 + 1))
-    assert approx.hist[-1] == pytest.approx(-marginal, abs=1e-8)
-    assert approx.inference.settings()["more_obj_params"] == ["log_sigma"]

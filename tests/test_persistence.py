@@ -19,7 +19,7 @@ from pymc_gpf.optimizers import Adam
 CASES = [
     # dimension-wise Adam: its moments are part of the state that must survive
     ("gpf", {"n_particles": 5}, {"optimizer": "adam", "learning_rate": 0.01}),
-    ("gf", {"n_samples": 5}, {"learning_rate": 1e-3}),  # draws: the random stream too
+    ("gf", {"draws_per_step": 5}, {"learning_rate": 1e-3}),  # draws: the random stream too
     ("wvgd", {"n_particles": 3}, {"learning_rate": 0.01}),  # running cell weights, Adam
     # the automatic step sizes: line-search state, independent cloud, step-size schedule
     ("gpf", {}, {}),
@@ -97,7 +97,7 @@ def _hierarchy(y):
 
 
 def test_learnt_hyperparameters_are_restored(tmp_path):
-    """more_obj_params (type-II ML of log_sigma, as tests/test_models.py): the loaded fit
+    """more_obj_params (type-II ML of log_sigma, as tests/test_contract.py): the loaded fit
     writes the learnt value into the new model's shared variable and continues exactly."""
     y = np.random.default_rng(4).normal(0, np.sqrt(5.0), 20)
     fits = []

@@ -84,7 +84,7 @@ def test_the_free_energy_of_a_cubic_target_is_exact():
         x = pm.Flat("x", shape=d)
         cubic = (x[:, None, None] * x[None, :, None] * x[None, None, :] * c).sum()
         pm.Potential("phi", -(pt.dot(a, x) + pt.dot(x, pt.dot(b, x)) + cubic))
-    gpf = pymc_gpf.GPF(2 * d, cloud="antithetic", jitter=0.7, model=model, random_seed=3)
+    gpf = pymc_gpf.GPF(2 * d, cloud="antithetic", init_scale=0.7, model=model, random_seed=3)
     m, cov = moments(gpf.approx.particles)
     exact = expectation(m, cov) - 0.5 * np.linalg.slogdet(cov)[1] - 0.5 * d * LOG_2PI_E
     with warnings.catch_warnings():

@@ -65,7 +65,7 @@ def test_particles_settle_at_the_lloyd_max_points(standard_normal, n_particles):
         standard_normal,
         4000,
         n_particles=n_particles,
-        n_samples=100,
+        draws_per_particle=100,
         init_scale=0.5,
         learning_rate=0.05,
         optimizer="sgd",
@@ -110,7 +110,7 @@ def test_one_particle_fit_is_the_mean_field_optimum():
         model,
         3000,
         n_particles=1,
-        n_samples=100,
+        draws_per_particle=100,
         learning_rate=0.02,
         optimizer="sgd",
         callbacks=[lambda a, h, i: scales.append(a.local_scales[0]) if i > 2000 else None],
@@ -137,7 +137,7 @@ def test_bound_on_a_conjugate_regression_rises_with_particles():
         pm.Normal("y", pm.Data("x", x) @ w, 1.0, observed=y)
     bounds = []
     for n_particles in (1, 3, 5):
-        hist = _fit(model, 4000, n_particles=n_particles, n_samples=100).hist[-1000:]
+        hist = _fit(model, 4000, n_particles=n_particles, draws_per_particle=100).hist[-1000:]
         se = hist.std() / np.sqrt(len(hist))
         bounds.append(-hist.mean())
         assert -hist.mean() < log_evidence + 4 * se
@@ -152,10 +152,10 @@ def test_bimodal_posterior_mass_per_mode():
     with pm.Model() as model:
         pm.NormalMixture("x", w=[0.3, 0.7], mu=[-3.0, 3.0], sigma=[0.5, 0.5])
     for n_particles in (2, 3):
-        approx = _fit(model, 3000, n_particles=n_particles, n_samples=100, init_scale=3.0)
+        approx = _fit(model, 3000, n_particles=n_particles, draws_per_particle=100, init_scale=3.0)
         left = (approx.sample(20_000, random_seed=0).posterior["x"].values < 0).mean()
         assert abs(left - 0.3) < 0.05
-    single = _fit(model, 3000, n_particles=1, n_samples=100, init_scale=3.0)
+    single = _fit(model, 3000, n_particles=1, draws_per_particle=100, init_scale=3.0)
     left = (single.sample(2000, random_seed=0).posterior["x"].values < 0).mean()
     assert left in (0.0, 1.0)
     assert single.hist[-500:].mean() == pytest.approx(-np.log(0.7), abs=0.02)
@@ -206,7 +206,10 @@ def test_an_empty_cell_is_skipped_not_nan(standard_normal):
     accepts no draw. That cell keeps its particle and local Gaussian, reports acceptance 0
     and weight 0, nothing is nan; once the first particle has moved the cells separate."""
     inference = pymc_gpf.WVGD(
-        initial_particles=[[0.5], [0.5]], n_samples=20, model=standard_normal, random_seed=1
+        initial_particles=[[0.5], [0.5]],
+        draws_per_particle=20,
+        model=standard_normal,
+        random_seed=1,
     )
     approx = inference.fit(1, progressbar=False)
     assert np.isfinite(approx.hist).all()
@@ -262,37 +265,10 @@ def test_logistic_regression_bound_rises_with_particles():
         else:
             pm.set_data({"x": x[subset], "y": y[subset]}, model=model)
         one, three = (
-            -_fit(model, 2000, seed=seed, n_particles=j, n_samples=100).hist[-200:].mean()
+            -_fit(model, 2000, seed=seed, n_particles=j, draws_per_particle=100).hist[-200:].mean()
             for j in (1, 3)
         )
         assert three > one + 0.05
-
-
-def test_more_obj_params_is_type_ii_maximum_likelihood():
-    """As GPF's and GF's tests: w_j ~ N(0, sigma^2), y_j ~ N(w_j, 1). One particle is mean
-    field VI, exact for this posterior, so descending F in log(sigma) gives the closed form
-    sigma^2 = mean(y^2) - 1 up to Monte Carlo noise (average of the last 2000 steps)."""
-    rng = np.random.default_rng(4)
-    y = rng.normal(0, np.sqrt(2.0**2 + 1), 20)
-    log_sigma = pytensor.shared(0.0, name="log_sigma")
-    with pm.Model() as model:
-        w = pm.Normal("w", 0, pt.exp(log_sigma), shape=20)
-        pm.Normal("y", w, 1.0, observed=y)
-    trace = []
-    pm.fit(
-        5000,
-        method="wvgd",
-        model=model,
-        random_seed=0,
-        inf_kwargs={"n_particles": 1, "n_samples": 50},
-        learning_rate=0.01,
-        more_obj_params=[log_sigma],
-        callbacks=[lambda approx, hist, i: trace.append(log_sigma.get_value())],
-        progressbar=False,
-    )
-    sigma2 = np.exp(2 * np.array(trace[-2000:]))
-    assert 0 < sigma2.std() < 0.3
-    assert abs(sigma2.mean() - (np.mean(y**2) - 1)) < 0.5 * sigma2.std()
 
 
 def test_logq_is_the_normalised_mixture_density(standard_normal):
@@ -300,7 +276,7 @@ def test_logq_is_the_normalised_mixture_density(standard_normal):
     Z_j come from 100 000 draws each: relative error < 0.5 %), and agrees with the draws of
     sample(): the fraction of draws in each cell is beta_j. With one particle it is the
     local Gaussian's density exactly."""
-    kwargs = {"n_samples": 100, "learning_rate": 0.05, "optimizer": "sgd"}
+    kwargs = {"draws_per_particle": 100, "learning_rate": 0.05, "optimizer": "sgd"}
     approx = _fit(standard_normal, 300, n_particles=3, init_scale=0.5, **kwargs)
     grid = np.linspace(-10, 10, 40_001)[:, None]
     density = np.exp(approx.logq(grid, random_seed=0))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import pymc as pm
 import pytensor
@@ -11,13 +13,11 @@ import xarray as xr
 from pytensor.gradient import disconnected_grad
 
 from pymc_gpf.approximation import FlowApproximation
+from pymc_gpf.checks import is_integer, positive, renamed, seed_sequence
 from pymc_gpf.engine import (
     FitOptions,
     FlowInference,
     StepGraph,
-    is_integer,
-    positive,
-    seed_sequence,
     transform_direction,
 )
 from pymc_gpf.gaussian import LOG_2PI
@@ -155,7 +155,7 @@ class WVGDApproximation(FlowApproximation):
                     raise RuntimeError(
                         f"WVGD sampling: cell {cell} accepts almost none of its local "
                         "Gaussian's draws (its particle lies outside the Gaussian's mass); "
-                        "fit longer or with more n_samples."
+                        "fit longer or with more draws_per_particle."
                     )
         return out[rng.permutation(draws)]
 
@@ -220,8 +220,9 @@ class WVGD(FlowInference):
     ----------
     n_particles
         ``J >= 1`` (default 5).
-    n_samples
-        Draws ``M >= 1`` of each local Gaussian per step (default 50).
+    draws_per_particle
+        Draws ``M >= 1`` of each local Gaussian per step (default 50). Called ``n_samples``
+        before 0.2 (still accepted, with a warning).
     init_scale
         Scale of the initial local Gaussians and of the particles' initial spread around
         the starting point (default 0.1). Particles only find modes their local Gaussians
@@ -244,6 +245,7 @@ class WVGD(FlowInference):
     """
 
     name = "wvgd"
+    renamed_options: ClassVar[dict[str, str]] = {"n_samples": "draws_per_particle"}
     default_learning_rate = 1e-2
     default_optimizer = "adam"
 
@@ -254,7 +256,7 @@ class WVGD(FlowInference):
         self,
         n_particles: int = 5,
         *,
-        n_samples: int = 50,
+        draws_per_particle: int = 50,
         init_scale: float = 0.1,
         init: str = "initial_point",
         weight_memory: float = 100.0,
@@ -262,9 +264,12 @@ class WVGD(FlowInference):
         model: pm.Model | None = None,
         random_seed=None,
         start: dict | None = None,
+        n_samples: int | None = None,
     ):
         self.n_particles = n_particles
-        self.n_samples = n_samples
+        self.draws_per_particle = renamed(
+            "WVGD", "n_samples", "draws_per_particle", n_samples, draws_per_particle, 50
+        )
         self.init_scale = init_scale
         self.init = init
         self.weight_memory = weight_memory
@@ -274,10 +279,11 @@ class WVGD(FlowInference):
     def _initialise(self) -> WVGDApproximation:
         if not is_integer(self.n_particles, 1):
             raise ValueError(f"n_particles must be an integer >= 1, got {self.n_particles!r}.")
-        if not is_integer(self.n_samples, 1):
+        if not is_integer(self.draws_per_particle, 1):
             raise ValueError(
-                f"n_samples must be an integer >= 1 (draws per particle and step), got "
-                f"{self.n_samples!r}."
+                f"draws_per_particle must be an integer >= 1 (draws per particle and step), "
+                f"got "
+                f"{self.draws_per_particle!r}."
             )
         scale = positive("init_scale", self.init_scale)
         if not (positive("weight_memory", self.weight_memory) >= 1):
@@ -303,7 +309,7 @@ class WVGD(FlowInference):
     def constructor_options(self) -> dict:
         return {
             "n_particles": int(self.n_particles),
-            "n_samples": int(self.n_samples),
+            "draws_per_particle": int(self.draws_per_particle),
             "init_scale": float(self.init_scale),
             "init": self.init,
             "weight_memory": float(self.weight_memory),
@@ -312,7 +318,7 @@ class WVGD(FlowInference):
     def settings(self) -> dict:
         out = {
             "n_particles": self.n_particles,
-            "n_samples": self.n_samples,
+            "draws_per_particle": self.draws_per_particle,
             "init_scale": self.init_scale,
             "init": self.init if self.initial_particles is None else "initial_particles",
             "weight_memory": self.weight_memory,
@@ -327,7 +333,7 @@ class WVGD(FlowInference):
     def _build_step(self, options: FitOptions) -> StepGraph:
         a = self.approx
         particles, means, log_scales = a.shared_particles, a.shared_means, a.shared_log_scales
-        j, d, m = particles.shape[0], self.target.ndim, self.n_samples
+        j, d, m = particles.shape[0], self.target.ndim, self.draws_per_particle
         noise = self.standard_normal((j, m, d))
         draws = flow.local_draws(means, log_scales, noise)
         points = draws.reshape((j * m, d))
@@ -446,7 +452,9 @@ class WVGD(FlowInference):
         graph.info = {"accepted": accepted, "step_size": step}
 
     def _evaluations_per_step(self) -> tuple[int, int]:
-        return self.approx.shared_particles.get_value(borrow=True).shape[0] * int(self.n_samples), 0
+        return self.approx.shared_particles.get_value(borrow=True).shape[0] * int(
+            self.draws_per_particle
+        ), 0
 
     def _finish(self, reason: str) -> None:
         if self.target.minibatch and len(self.hist):

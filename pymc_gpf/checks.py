@@ -1,0 +1,53 @@
+"""Checks of user input and seeds shared by every module (imports nothing of the package)."""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["is_integer", "positive", "renamed", "seed_sequence"]
+
+
+def positive(name: str, value: Any) -> float:
+    """``value`` as a float, or a clear error if it is not a positive finite number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}.")
+    return float(value)
+
+
+def is_integer(value: Any, minimum: int) -> bool:
+    """``value`` is an integer (not a bool) and at least ``minimum``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
+
+
+def seed_sequence(random_seed: Any) -> np.random.SeedSequence:
+    """PyMC accepts ints, sequences of ints, SeedSequences and Generators as seeds."""
+    if isinstance(random_seed, np.random.SeedSequence):
+        return random_seed
+    if isinstance(random_seed, np.random.Generator):
+        return np.random.SeedSequence(int(random_seed.integers(2**63)))
+    if isinstance(random_seed, np.random.RandomState):
+        return np.random.SeedSequence(int(random_seed.randint(2**31)))
+    return np.random.SeedSequence(random_seed)
+
+
+def renamed(method: str, old: str, new: str, old_value: Any, new_value: Any, default: Any) -> Any:
+    """The value of option ``new``, formerly called ``old``: the old name keeps working for
+    one release, with a ``FutureWarning``."""
+    if old_value is None:
+        return new_value
+    if new_value != default:
+        raise TypeError(f"{method} got both {old}= (its old name) and {new}=; pass {new} only.")
+    warnings.warn(
+        f"{method}({old}=...) is now {method}({new}=...); {old} will be removed in the next "
+        "release.",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return old_value

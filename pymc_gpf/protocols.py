@@ -1,0 +1,46 @@
+"""What the result modules read of a fitted approximation, as a structural type.
+
+:mod:`pymc_gpf.diagnostics` and :mod:`pymc_gpf.persistence` work on any
+:class:`~pymc_gpf.approximation.FlowApproximation`, which itself calls them (``sample(psis=True)``,
+``save``): they name this protocol rather than the class, so imports only point down.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+import pymc as pm
+import xarray as xr
+
+__all__ = ["FittedApproximation"]
+
+
+class FittedApproximation(Protocol):
+    """A fitted pymc-gpf approximation (:class:`~pymc_gpf.approximation.FlowApproximation`)."""
+
+    inference: Any  # the FlowInference that fitted it
+    diagnosis: Any  # the last pymc_gpf.diagnose result, or None
+
+    @property
+    def model(self) -> pm.Model: ...
+
+    @property
+    def target(self) -> Any: ...
+
+    @property
+    def hist(self) -> np.ndarray: ...
+
+    def gaussian(self) -> Any: ...
+
+    def proposal(self, ridge: bool | float | None, rng: np.random.Generator) -> Any: ...
+
+    def log_density(self, points: np.ndarray) -> np.ndarray: ...
+
+    def refine(self, n: int, **kwargs) -> Any: ...
+
+    def sample(self, draws: int = ..., **kwargs) -> Any: ...
+
+    def fit_group(self) -> xr.Dataset: ...
+
+    def method_group(self) -> xr.Dataset: ...
