@@ -283,9 +283,8 @@ def run(ctx) -> str:
             f" For comparison, PyMC's FullRankADVI and SVGD (50 particles, defaults) run "
             f"{5 * s.steps} steps."
         )
-    return "\n\n".join(
-        [setup, table, *figures, "**What the numbers say.** " + findings(fits, s, references)]
-    )
+    caption = "Each row: the final particles' (PyMC: q's) N(m, C) against the optimum N(m*, C*)."
+    return "\n\n".join([setup, caption, table, *figures])
 
 
 def record_fit(ctx, case, label, fit: Fit, m_star, c_star, f_star, c_norm) -> list:
@@ -302,56 +301,3 @@ def record_fit(ctx, case, label, fit: Fit, m_star, c_star, f_star, c_norm) -> li
     for metric, value in values.items():
         ctx.record(case, label, metric, value)
     return [label, case.removeprefix("N="), *(fmt(v) for v in values.values())]
-
-
-def findings(fits: dict[tuple[str, int], Fit], s: Settings, references: list[Fit]) -> str:
-    descent, elementwise, dimwise = list(optimisers())
-    n_max = max(s.particles)
-    res_affine = max(f.affine for (name, _), f in fits.items() if name != elementwise)
-    text = (
-        f"Descent and dimension-wise Adam keep the particles an affine image of the initial "
-        f"cloud (largest residual {fmt(res_affine)}); elementwise Adam does not (residual "
-        f"{fmt(fits[elementwise, n_max].affine)} at N = {n_max}): its cloud is twisted, as in "
-        "the paper"
-    )
-    ok = {k: f for k, f in fits.items() if f.failure is None}
-    excess = {k: excess_free_energy(f) for k, f in ok.items()}
-    if (elementwise, n_max) in ok and (descent, n_max) in ok:
-        text += (
-            f", and its Gaussian is {fmt(excess[elementwise, n_max])} nats worse than the "
-            f"optimum against {fmt(excess[descent, n_max])} for descent at N = {n_max}"
-        )
-    text += ". "
-    same = [
-        abs(excess[descent, n] - excess[dimwise, n])
-        for n in s.particles
-        if (descent, n) in ok and (dimwise, n) in ok and n >= 10
-    ]
-    if same:
-        text += (
-            "Descent and dimension-wise Adam end at the same Gaussian for N ≥ 10 (largest "
-            f"difference in F − F*: {fmt(max(same))}): the fixed point in the affine family of "
-            "the initial cloud does not depend on the affine optimiser. "
-        )
-    ns = [n for n in s.particles if (descent, n) in ok]
-    if len(ns) > 1:
-        text += (
-            "More particles bring the particle Gaussian to the optimum: F − F* = "
-            + ", ".join(f"{fmt(excess[descent, n])} (N = {n})" for n in ns)
-            + " with descent; with few particles the particle free energy is a poor estimate "
-            "of the true one (finite-N bias) and the cloud stretches along the banana. "
-        )
-    if references:
-        best = min(references, key=lambda f: excess_free_energy(f))
-        text += (
-            f"PyMC's best here is {best.label} at F − F* = {fmt(excess_free_energy(best))} "
-            f"after {5 * s.steps} steps."
-        )
-    return text
-
-
-def excess_free_energy(fit: Fit) -> float:
-    if fit.failure is not None:
-        return float("nan")
-    _, _, f_star = gaussian_vi_optimum()
-    return free_energy(fit.mean, fit.cov) - f_star

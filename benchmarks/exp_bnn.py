@@ -300,61 +300,6 @@ def table(fits: list[Fit]) -> str:
     return common.md_table(headers, rows)
 
 
-def min_nll(fit: Fit) -> float:
-    """The lowest test NLL along the fit (50 draws per check) or at the end."""
-    return min([fit.metrics["nll"], *(row["nll"] for row in fit.curve)])
-
-
-def findings(fits: list[Fit]) -> str:
-    finite = [f for f in fits if np.isfinite(f.metrics["nll"])]
-    if not finite:
-        return "No method produced finite predictions."
-    by_nll = sorted(finite, key=lambda f: f.metrics["nll"])
-    best, worst = by_nll[0], by_nll[-1]
-    learnt = [f for f in finite if f.metrics["accuracy"] > 0.5] or finite
-    best_ece = min(learnt, key=lambda f: f.metrics["ece"])
-    best_acc = max(finite, key=lambda f: f.metrics["accuracy"])
-    ours = [f for f in finite if common.method_key(f.label) in ("gpf", "gf")]
-    theirs = [f for f in finite if common.method_key(f.label) in ("advi", "svgd")]
-    trivial = [
-        f
-        for f in finite
-        if f.metrics["accuracy"] <= 0.5 and f.metrics["ece"] < best_ece.metrics["ece"]
-    ]
-    qualifier = (
-        " (ignoring those below 50 % accuracy, whose near-uniform predictions are trivially "
-        "calibrated)"
-        if trivial
-        else ""
-    )
-    text = (
-        f"Lowest test NLL: {best.label} ({best.metrics['nll']:.3f}; highest {worst.label}, "
-        f"{worst.metrics['nll']:.3f}); best accuracy {best_acc.label} "
-        f"({best_acc.metrics['accuracy']:.3f}); best calibrated{qualifier} {best_ece.label} "
-        f"(ECE {best_ece.metrics['ece']:.3f})."
-    )
-    drifted = [
-        f"{f.label} ({min_nll(f):.3f} → {f.metrics['nll']:.3f})"
-        for f in finite
-        if f.metrics["nll"] > 1.5 * min_nll(f)
-    ]
-    if drifted:
-        text += (
-            " Ended at more than 1.5× the lowest test NLL seen along the fit: "
-            + ", ".join(drifted)
-            + "."
-        )
-    if ours and theirs:
-        a = min(ours, key=lambda f: f.metrics["nll"])
-        b = min(theirs, key=lambda f: f.metrics["nll"])
-        text += (
-            f" Best of ours against the best of PyMC's: {a.label} vs {b.label}, test NLL "
-            f"ratio {a.metrics['nll'] / b.metrics['nll']:.2f}, accuracy "
-            f"{a.metrics['accuracy']:.3f} vs {b.metrics['accuracy']:.3f}."
-        )
-    return text
-
-
 def report(settings, data, archs, fits, curves, calibration) -> str:
     names = ", ".join(f"{a} (D = {arch.n_weights})" for a, arch in archs.items())
     biggest = max(arch.n_weights for arch in archs.values())
@@ -373,9 +318,10 @@ def report(settings, data, archs, fits, curves, calibration) -> str:
         f"ECE with {ECE_BINS} equal-width confidence bins. No NUTS column: a {biggest}-dimensional "
         "multimodal posterior is out of its reach in this budget."
     )
+    caption = f"Test metrics of q after {settings.budget:g} s of stepping, and what the fit cost."
     parts = [setup]
     for arch, chosen in fits.items():
-        parts += [f"### digits {arch}", table(chosen), findings(chosen)]
+        parts += [f"### digits {arch}", caption, table(chosen)]
     parts += [
         curves,
         "Test NLL and accuracy along the fit (50 draws of q per point).",

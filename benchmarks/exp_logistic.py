@@ -191,11 +191,6 @@ def nuts_nll(model, target, data: SplitData, split: int) -> tuple[float, float, 
     return metrics["nll"], metrics["accuracy"], seconds
 
 
-def min_nll(fit: Fit) -> float:
-    """The lowest test NLL seen along the fit (the final one included)."""
-    return min([fit.nll, *(row["nll"] for row in fit.curve)])
-
-
 def seconds_to_close(fit: Fit, reference: float) -> float:
     for row in fit.curve:
         if row["nll"] <= reference + CLOSE:
@@ -304,7 +299,6 @@ def summary_rows(name, fits, nuts):
             "nll": float(np.nanmedian(nll)) if np.isfinite(nll).any() else np.nan,
             "close": float(np.median(close)) if close else np.nan,
             "reached": sum(np.isfinite(close)),
-            "drift": float(np.median([f.nll - min_nll(f) for f in mine])),
             "ms_per_step": float(np.median([1e3 * f.seconds / max(f.steps - 1, 1) for f in mine])),
         }
         failures = sorted({f.failure for f in mine if f.failure})
@@ -339,7 +333,7 @@ def summary_rows(name, fits, nuts):
                 "",
             ]
         )
-    return rows, stats
+    return rows
 
 
 def close_cell(stats: dict, n: int) -> str:
@@ -378,46 +372,9 @@ def report(settings, fits, nuts, figure) -> str:
         "s to NUTS",
         "failures",
     ]
+    caption = f"Medians over the splits; test NLL and accuracy after {settings.budget:g} s."
     parts = [setup, figure]
     for name in fits:
-        rows, stats = summary_rows(name, fits[name], nuts[name])
-        parts += [f"### {name}", common.md_table(headers, rows), findings(name, stats, nuts[name])]
+        rows = summary_rows(name, fits[name], nuts[name])
+        parts += [f"### {name}", caption, common.md_table(headers, rows)]
     return "\n\n".join(parts)
-
-
-def findings(name: str, stats: dict, nuts) -> str:
-    finite = {k: v for k, v in stats.items() if np.isfinite(v["nll"])}
-    if not finite:
-        return "No method produced a finite test NLL."
-    best = min(finite, key=lambda k: finite[k]["nll"])
-    worst = max(finite, key=lambda k: finite[k]["nll"])
-    text = (
-        f"Lowest final test NLL: {best} ({common.fmt(finite[best]['nll'], 4)}); highest: "
-        f"{worst} ({common.fmt(finite[worst]['nll'], 4)})."
-    )
-    if nuts:
-        reached = {k: v for k, v in finite.items() if np.isfinite(v["close"])}
-        if reached:
-            fastest = min(reached, key=lambda k: reached[k]["close"])
-            others = ", ".join(
-                f"{k} {common.fmt(v['close'] / reached[fastest]['close'], 2)}×"
-                for k, v in reached.items()
-                if k != fastest
-            )
-            text += (
-                f" Fastest to come within {CLOSE} nats of NUTS: {fastest} "
-                f"({common.fmt(reached[fastest]['close'], 2)} s); the others, as multiples of "
-                f"that time: {others or 'none'}."
-            )
-        missing = [k for k in finite if k not in reached]
-        if missing:
-            text += f" Not within {CLOSE} nats in the budget (median split): {', '.join(missing)}."
-    drifted = [f"{k} (+{v['drift']:.3f})" for k, v in finite.items() if v["drift"] > CLOSE]
-    if drifted:
-        text += (
-            " Ended more than "
-            f"{CLOSE} nats above the lowest test NLL they had reached (median over splits): "
-            + ", ".join(drifted)
-            + "."
-        )
-    return text
