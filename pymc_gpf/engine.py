@@ -242,11 +242,6 @@ class FlowInference(Inference):
     default_learning_rate: ClassVar[float] = 1e-3
     default_optimizer: ClassVar[str] = "sgd"
     spread_option: ClassVar[str] = "init_scale"  # the option setting the initial spread
-    # an automatic fit on full data takes tens to hundreds of steps, so compiling is most of
-    # the time to a result: with no backend named, compile it where that is quickest
-    # (target.quick_compile_backend); fixed-step and minibatch fits keep PyMC's default,
-    # which runs each step faster
-    quick_compile: ClassVar[bool] = False
     renamed_options: ClassVar[dict[str, str]] = {}  # old constructor keyword -> new
     start_points: ClassVar[str] = "particles"  # what the first step evaluates
 
@@ -436,7 +431,11 @@ class FlowInference(Inference):
                 "learning_rate too to use them (e.g. learning_rate=0.01, optimizer='adam')."
             )
         compile_kwargs_for(backend, compile_kwargs)  # validates backend vs compile_kwargs
-        long_fit = rates is not None or self.target.minibatch or not self.quick_compile
+        # an automatic fit on full data takes tens to hundreds of steps, so compiling is most
+        # of its time to a result: with no backend named, build it where that is quickest
+        # (target.quick_compile_backend). Fixed-step and minibatch fits run many more steps
+        # and keep PyMC's default, which runs each step fastest.
+        long_fit = rates is not None or self.target.minibatch
         return FitOptions(
             learning_rate=rates,
             optimizer=resolved,

@@ -38,9 +38,11 @@ from pytensor.tensor.random.type import RandomGeneratorType
 from pytensor.tensor.type import discrete_dtypes
 
 from pymc_gpf.errors import InitialPointError, ModelNotSupportedError
+from pymc_gpf.linker import quick_c_mode
 from pymc_gpf.rewrites import with_rewrites
 
 __all__ = [
+    "QUICK_C",
     "BatchedTarget",
     "Coordinates",
     "compile_function",
@@ -50,6 +52,7 @@ __all__ = [
     "vectorize_rows",
 ]
 
+QUICK_C = "quick_c"  # C, with the nodes NumPy runs as fast left to NumPy (pymc_gpf.linker)
 _WARNED: set[str] = set()
 
 
@@ -79,10 +82,17 @@ class Coordinates:
 
 
 def compile_kwargs_for(backend: str | None, compile_kwargs: dict | None = None) -> dict:
-    """PyMC's ``backend=`` convention ("c", "numba", "jax"; None is PyTensor's default)."""
+    """PyMC's ``backend=`` convention ("c", "numba", "jax"; None is PyTensor's default), and
+    ``"quick_c"``: C with the small nodes in NumPy (:mod:`pymc_gpf.linker`)."""
     if backend is not None and not isinstance(backend, str):
         raise TypeError(f"backend must be a string such as 'c', 'numba' or 'jax', got {backend!r}")
-    kwargs = resolve_backend_compile_kwargs(backend, compile_kwargs)
+    if backend == QUICK_C:
+        kwargs = resolve_backend_compile_kwargs(None, compile_kwargs)
+        if "mode" in kwargs:
+            raise ValueError("Can only define one of `backend` or `compile_kwargs['mode']`")
+        kwargs["mode"] = quick_c_mode()
+    else:
+        kwargs = resolve_backend_compile_kwargs(backend, compile_kwargs)
     kwargs["mode"] = with_rewrites(kwargs.get("mode"))
     return kwargs
 
@@ -98,12 +108,12 @@ def configured_backend(backend: str | None, compile_kwargs: dict | None = None) 
 
 def quick_compile_backend(backend: str | None, compile_kwargs: dict | None = None) -> str | None:
     """The backend for a fit that takes few steps: the user's choice if they made one, else
-    C when a C compiler is available (PyTensor builds a step in C in about half numba's time
-    on an empty cache and loads it faster from a warm one, for 5-15 % more time per step;
-    see the benchmarks' startup section), else PyMC's default."""
+    :data:`QUICK_C` when a C compiler is available (on an empty cache a step builds in about
+    a third of numba's time, and loads faster from a warm one, for more time per step on
+    small models; see the benchmarks' startup section), else PyMC's default."""
     if configured_backend(backend, compile_kwargs) or not pytensor.config.cxx:
         return backend
-    return "c"
+    return QUICK_C
 
 
 def compile_function(

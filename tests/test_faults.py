@@ -332,7 +332,7 @@ with pm.Model():
     w = pm.Normal("w", 0, 1, shape=4)
     pm.Bernoulli("y", logit_p=pt.as_tensor(x) @ w, observed=y)
     fits = [pm.fit(30, method=m, random_seed=3, progressbar=False) for m in ("gpf", "gf", "wvgd")]
-    # fixed steps compile with PyMC's default backend (numba), automatic GPF and GF with C
+    # fixed steps compile with PyMC's default backend (numba), automatic fits with quick_c
     fits.append(pm.fit(30, method="gpf", learning_rate=0.01, random_seed=3, progressbar=False))
 digest = hashlib.sha256()
 for approx in fits:

@@ -222,7 +222,6 @@ class GF(FlowInference):
     """
 
     name = "gf"
-    quick_compile = True  # measured: see the startup benchmark
     renamed_options: ClassVar[dict[str, str]] = {"n_samples": "draws_per_step"}
     default_learning_rate = 1e-3
     spread_option = "init_scale"

@@ -179,7 +179,6 @@ class GPF(FlowInference):
     """
 
     name = "gpf"
-    quick_compile = True  # measured: see the startup benchmark
     default_learning_rate = 1e-3
     renamed_options: ClassVar[dict[str, str]] = {"jitter": "init_scale"}
     CLOUDS = ("auto", "antithetic", "random")
