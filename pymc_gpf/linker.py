@@ -1,17 +1,22 @@
-"""A C backend that is quick to build: PyTensor's C virtual machine, with the nodes that gain
-nothing from C run through their NumPy ``perform``.
+"""A C backend that is quick to build: PyTensor's C virtual machine, with the nodes that
+NumPy runs in a few calls left to NumPy.
 
 On an empty cache PyTensor compiles one C module per distinct node, about half a second of gcc
-each, serialised by its compile lock, and a flow step has dozens of small ones: dimshuffles,
-shapes, joins, copies, assertions, indexing, matrix products (NumPy calls the same BLAS),
-single-ufunc elementwise operations and reductions, one-element fused kernels. NumPy runs each
-of those in one call, so compiling them only costs time. Fused elementwise kernels
-(``Composite``) on arrays, and everything else, stay in C. Measured on the logistic regression
-of the benchmarks, cold cache: GPF's automatic step builds in about 8 s, against 20 s in plain
-C and 27 s with numba, for a few microseconds more per node and step (startup section).
+each, serialised by its compile lock, and a flow step has dozens: dimshuffles, shapes, joins,
+copies, assertions, indexing, matrix products (NumPy calls the same BLAS), single-ufunc
+elementwise operations and reductions, and fused elementwise kernels. NumPy runs each of the
+first kinds in one call; a fused kernel whose operations are all NumPy ufuncs it runs as one
+call per operation on whole arrays. Kernels with other operations (softplus, special
+functions, ...) and everything else stay in C. Measured on the logistic regression of the
+benchmarks, cold cache: GPF's automatic step builds in about 3 s, against 20 s in plain C and
+27 s with numba; each step costs more (a fused kernel makes several passes over memory, and
+every node pays Python's call overhead: about 10 % on that model, more on tiny ones), which an
+automatic fit of tens to hundreds of steps does not notice (startup section).
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -20,6 +25,7 @@ from pytensor.compile.ops import DeepCopyOp, ViewOp
 from pytensor.graph.basic import Apply
 from pytensor.link.vm import VMLinker
 from pytensor.raise_op import Assert
+from pytensor.scalar import basic as ps
 from pytensor.scalar.basic import Composite
 from pytensor.tensor.basic import (
     AllocEmpty,
@@ -65,16 +71,54 @@ _ONE_NUMPY_CALL = (
 )
 
 
+# scalar operations whose NumPy ufunc has the same semantics, for fused kernels evaluated one
+# ufunc call per operation on whole arrays (:func:`_vectorised_perform`)
+_NUMPY_SCALAR_OPS = (
+    ps.Abs,
+    ps.Add,
+    ps.AND,
+    ps.Cast,
+    ps.EQ,
+    ps.Exp,
+    ps.Expm1,
+    ps.GE,
+    ps.GT,
+    ps.Identity,
+    ps.Invert,
+    ps.IsInf,
+    ps.IsNan,
+    ps.LE,
+    ps.Log,
+    ps.Log1p,
+    ps.LT,
+    ps.Mul,
+    ps.Neg,
+    ps.NEQ,
+    ps.OR,
+    ps.Sqr,
+    ps.Sqrt,
+    ps.Sub,
+    ps.Switch,
+    ps.TrueDiv,
+)
+
+
+def _vectorisable(composite: Composite) -> bool:
+    return all(isinstance(n.op, _NUMPY_SCALAR_OPS) for n in composite.fgraph.apply_nodes)
+
+
 def numpy_is_enough(node: Apply) -> bool:
     """Whether the NumPy ``perform`` of ``node`` is as fast as C code: plumbing, and
     elementwise operations and reductions that are one NumPy ufunc. A fused ``Composite``
-    is evaluated element by element in Python, so only on one element."""
+    qualifies on one element, or when each of its operations is a NumPy ufunc (it is then
+    evaluated one ufunc call per operation on whole arrays)."""
     op = node.op
     if isinstance(op, _ONE_NUMPY_CALL):
         return True
     if isinstance(op, Elemwise):
         if isinstance(op.scalar_op, Composite):
-            return all(s == 1 for out in node.outputs for s in out.type.shape)
+            one = all(s == 1 for out in node.outputs for s in out.type.shape)
+            return one or _vectorisable(op.scalar_op)
         return op.nfunc_spec is not None
     if isinstance(op, CAReduce):
         spec = getattr(op.scalar_op, "nfunc_spec", None)
@@ -97,12 +141,16 @@ class QuickCVMLinker(VMLinker):
             op = group[0].op
             if all(map(numpy_is_enough, group)) and "make_thunk" not in vars(op):
                 vars(op)["make_thunk"] = _python_thunk(op.make_thunk)
+                if isinstance(op, Elemwise) and isinstance(op.scalar_op, Composite):
+                    if _vectorisable(op.scalar_op):
+                        vars(op)["perform"] = _vectorised_perform(op.scalar_op)
                 patched.append(op)
         try:
             return super().make_all(*args, **kwargs)
         finally:  # ops are shared between graphs: leave them as they were
             for op in patched:
-                del vars(op)["make_thunk"]
+                vars(op).pop("make_thunk")
+                vars(op).pop("perform", None)
 
 
 def _python_thunk(make_thunk):
@@ -110,6 +158,43 @@ def _python_thunk(make_thunk):
         return make_thunk(node, storage_map, compute_map, no_recycling, impl="py")
 
     return make_python_thunk
+
+
+def _numpy_apply(op: ps.ScalarOp, args: list):
+    if isinstance(op, ps.Identity):
+        return args[0]
+    if isinstance(op, ps.Cast):
+        return np.asarray(args[0], dtype=op.o_type.dtype)
+    name, nin, _ = op.nfunc_spec
+    ufunc = getattr(np, name)
+    if len(args) > nin:  # variadic add, mul, and, or: a further argument would be `out`
+        return functools.reduce(ufunc, args)
+    return ufunc(*args)
+
+
+def _vectorised_perform(composite: Composite):
+    """``perform`` of an Elemwise ``Composite``: its scalar graph run once on whole arrays,
+    one NumPy ufunc per operation (NumPy would otherwise call the scalar graph per element)."""
+    graph = composite.fgraph
+    order = graph.toposort()
+
+    def perform(node: Apply, inputs: list, output_storage: list) -> None:
+        values = dict(zip(graph.inputs, inputs, strict=True))
+
+        def value(var):
+            return values[var] if var in values else var.data
+
+        # both branches of a switch are evaluated on every element, as in C, which does not
+        # warn about the overflows and invalid values of the branch that is not taken
+        with np.errstate(all="ignore"):
+            for inner in order:
+                args = [value(v) for v in inner.inputs]
+                values[inner.outputs[0]] = _numpy_apply(inner.op, args)
+        shape = np.broadcast_shapes(*(np.shape(x) for x in inputs))
+        for out, var, storage in zip(node.outputs, graph.outputs, output_storage, strict=True):
+            storage[0] = np.array(np.broadcast_to(value(var), shape), dtype=out.type.dtype)
+
+    return perform
 
 
 def quick_c_mode() -> Mode:
