@@ -108,9 +108,9 @@ def configured_backend(backend: str | None, compile_kwargs: dict | None = None) 
 
 def quick_compile_backend(backend: str | None, compile_kwargs: dict | None = None) -> str | None:
     """The backend for a fit that takes few steps: the user's choice if they made one, else
-    :data:`QUICK_C` when a C compiler is available (on an empty cache a step builds in about
-    a third of numba's time, and loads faster from a warm one, for more time per step on
-    small models; see the benchmarks' startup section), else PyMC's default."""
+    :data:`QUICK_C` when a C compiler is available (on an empty cache a step builds in
+    seconds where numba takes about half a minute, and loads faster from a warm one, for more
+    time per step; see the benchmarks' startup section), else PyMC's default."""
     if configured_backend(backend, compile_kwargs) or not pytensor.config.cxx:
         return backend
     return QUICK_C
