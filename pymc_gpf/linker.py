@@ -107,6 +107,9 @@ def _vectorisable(composite: Composite) -> bool:
     return all(isinstance(n.op, _NUMPY_SCALAR_OPS) for n in composite.fgraph.apply_nodes)
 
 
+MAX_UFUNC_OPERANDS = 32
+
+
 def numpy_is_enough(node: Apply) -> bool:
     """Whether the NumPy ``perform`` of ``node`` is as fast as C code: plumbing, and
     elementwise operations and reductions that are one NumPy ufunc. A fused ``Composite``
@@ -116,10 +119,13 @@ def numpy_is_enough(node: Apply) -> bool:
     if isinstance(op, _ONE_NUMPY_CALL):
         return True
     if isinstance(op, Elemwise):
+        # NumPy ufuncs take at most 32 operands (Elemwise.perform refuses more)
+        few = len(node.inputs) + len(node.outputs) <= MAX_UFUNC_OPERANDS
         if isinstance(op.scalar_op, Composite):
-            one = all(s == 1 for out in node.outputs for s in out.type.shape)
-            return one or _vectorisable(op.scalar_op)
-        return op.nfunc_spec is not None
+            if _vectorisable(op.scalar_op):
+                return True
+            return few and all(s == 1 for out in node.outputs for s in out.type.shape)
+        return few and op.nfunc_spec is not None
     if isinstance(op, CAReduce):
         spec = getattr(op.scalar_op, "nfunc_spec", None)
         return spec is not None and hasattr(np, spec[0])

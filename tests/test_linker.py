@@ -36,3 +36,13 @@ def test_quick_c_computes_the_graph_with_c_kernels_and_numpy_plumbing():
     assert True in kernels and False in kernels  # tanh's kernel in C, the other in NumPy
     numpy_nodes = [c for node, c in zip(nodes, compiled, strict=True) if numpy_is_enough(node)]
     assert numpy_nodes and not any(numpy_nodes)
+
+
+def test_quick_c_leaves_elementwise_nodes_of_more_than_32_operands_to_c():
+    # NumPy's ufuncs refuse more than 32 operands (a GPF step with one block per variable
+    # fuses that many)
+    xs = [pt.vector(f"x{i}") for i in range(40)]
+    total = pt.add(*xs)
+    fn = pytensor.function(xs, total, **compile_kwargs_for(QUICK_C))
+    values = [np.full(3, float(i)) for i in range(40)]
+    np.testing.assert_array_equal(fn(*values), np.full(3, float(sum(range(40)))))
