@@ -322,7 +322,7 @@ def flat_draws(approx, draws: int, seed: int) -> np.ndarray:
 
     rng = np.random.default_rng(seed)
     if isinstance(approx, pymc_gpf.approximation.FlowApproximation):
-        return approx._draw(draws, rng)
+        return approx.draw(draws, rng)
     if hasattr(approx, "histogram"):  # PyMC's Empirical (SVGD)
         particles = approx.histogram.get_value()
         return particles[rng.integers(len(particles), size=draws)]

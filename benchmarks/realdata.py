@@ -497,7 +497,7 @@ def flat_sample(approx, draws: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     if isinstance(approx, pymc_gpf.approximation.FlowApproximation):
         try:
-            return approx._draw(draws, rng)
+            return approx.draw(draws, rng)
         except RuntimeError:  # WVGD: a cell whose local Gaussian misses it; a failed read
             return np.full((draws, approx.target.ndim), np.nan)
     if hasattr(approx, "histogram"):  # PyMC's Empirical (SVGD)

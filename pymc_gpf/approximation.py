@@ -38,20 +38,15 @@ class FlowApproximation:
         self._compiled: dict[Any, Any] = {}
 
     # -------------------------------------------------------------- PyMC's interface
-    @property
-    def model(self):
-        """The PyMC model."""
-        return self.inference.model
-
-    @property
-    def target(self):
-        """The model as a :class:`pymc_gpf.BatchedTarget` (flat coordinates, labels)."""
-        return self.inference.target
-
-    @property
-    def hist(self) -> np.ndarray:
-        """The free-energy trace (``-ELBO``, full-data scale), one value per step."""
-        return self.inference.hist
+    model = property(lambda self: self.inference.model, doc="The PyMC model.")
+    target = property(
+        lambda self: self.inference.target,
+        doc="The model as a :class:`pymc_gpf.BatchedTarget` (flat coordinates, labels).",
+    )
+    hist = property(
+        lambda self: self.inference.hist,
+        doc="The free-energy trace (``-ELBO``, full-data scale), one value per step.",
+    )
 
     @property
     def free_energy(self) -> float:
@@ -69,25 +64,8 @@ class FlowApproximation:
         return self.inference.outcome
 
     def fit_group(self) -> xr.Dataset:
-        """The DataTree's ``fit`` group: free energy and step size on ``step``, how the fit
-        ended (``converged``, ``stop_reason``, ``stopped_at_step``, ``stop_message``) and
-        what it cost (``gradient_evaluations``: points where the log-density and its
-        gradient were evaluated; ``density_evaluations``: without gradient) in its
-        attributes."""
-        inference = self.inference
-        attrs = {} if inference.outcome is None else inference.outcome.attrs()
-        attrs["gradient_evaluations"] = int(inference.gradient_evaluations)
-        attrs["density_evaluations"] = int(inference.density_evaluations)
-        if inference.fit_options is not None:
-            tol = inference.fit_options.tol
-            attrs["tol"] = "none" if tol is None else tol
-            attrs["learning_rate"] = inference.fit_options.settings()["learning_rate"]
-        return fit_group(inference.name, self.hist, inference.step_sizes, attrs)
-
-    @property
-    def params(self) -> list:
-        """The shared variables holding the fitted state."""
-        raise NotImplementedError
+        """The DataTree's ``fit`` group (see :func:`fit_dataset`)."""
+        return fit_dataset(self.inference)
 
     def refine(self, n: int, **kwargs):
         """Continue fitting for ``n`` more steps (same settings)."""
@@ -95,20 +73,6 @@ class FlowApproximation:
         return self
 
     # --------------------------------------------------------------------- sampling
-    def _draw(self, draws: int, rng: np.random.Generator) -> np.ndarray:
-        """``draws`` points of q in flat unconstrained space, shape ``(draws, D)``."""
-        raise NotImplementedError
-
-    def logq(self, points: np.ndarray) -> np.ndarray:
-        """``log q(x)`` at flat unconstrained points ``(S, D)``."""
-        raise NotImplementedError
-
-    def proposal(self, ridge: bool | float | None, rng: np.random.Generator):
-        """q as an importance-sampling proposal, and why it has no density (or ``None``):
-        an object with ``sample(draws, rng)`` and ``logpdf(points)``. ``ridge`` regularises
-        a degenerate Gaussian q (see :func:`pymc_gpf.diagnose`)."""
-        raise NotImplementedError
-
     def log_density(self, points: np.ndarray) -> np.ndarray:
         """``log p(x, y)`` at flat unconstrained points ``(S, D)`` (log-Jacobian included),
         always of the whole data set (``pm.Minibatch`` data replaced by the full arrays):
@@ -134,9 +98,6 @@ class FlowApproximation:
                 f"{self.target.labels}), got shape {points.shape}."
             )
         return points
-
-    def _method_group(self) -> xr.Dataset:
-        raise NotImplementedError
 
     def constrained(self, flat: np.ndarray, include_transformed: bool = False) -> dict:
         """Flat unconstrained points ``(S, D)`` as constrained variables and deterministics."""
@@ -180,7 +141,7 @@ class FlowApproximation:
         else:
             if regularize is not None:
                 raise ValueError("regularize applies to psis=True draws only.")
-            flat = self._draw(int(draws), rng)
+            flat = self.draw(int(draws), rng)
         values = self.constrained(flat, include_transformed)
         if not return_inferencedata:
             return values
@@ -214,19 +175,9 @@ class FlowApproximation:
     def _points_dataset(
         self, points: np.ndarray, dim: str, settings: dict[str, Any], extra: dict | None = None
     ) -> xr.Dataset:
-        """A method group: ``points`` in constrained space on ``dim``, the same points
-        unconstrained on ``(dim, coordinate)``, and the settings as attributes."""
-        coords, dims = coords_and_dims_for_inferencedata(self.model)
+        """A method group (see :func:`points_dataset`)."""
         values = self.constrained(points)
-        ds = dict_to_dataset(values, coords=coords, dims=dims, sample_dims=[dim])
-        ds = ds.assign(
-            unconstrained=xr.DataArray(
-                points, dims=(dim, "coordinate"), coords={"coordinate": self.target.labels}
-            ),
-            **(extra or {}),
-        )
-        ds.attrs = settings_attrs(settings)
-        return ds
+        return points_dataset(self.model, values, points, self.target.labels, dim, settings, extra)
 
 
 class GaussianApproximation(FlowApproximation):
@@ -237,7 +188,8 @@ class GaussianApproximation(FlowApproximation):
         """The fitted q as a NumPy :class:`~pymc_gpf.gaussian.GaussianQ`."""
         raise NotImplementedError
 
-    def _draw(self, draws, rng):
+    def draw(self, draws: int, rng: np.random.Generator) -> np.ndarray:
+        """``draws`` points of q in flat unconstrained space, ``(draws, D)``."""
         return self.gaussian().sample(draws, rng)
 
     def logq(self, points: np.ndarray) -> np.ndarray:
@@ -251,6 +203,13 @@ class GaussianApproximation(FlowApproximation):
         """What makes C singular, in the method's terms."""
         raise NotImplementedError
 
+    def location(self) -> tuple[np.ndarray, np.ndarray]:
+        """What the stochastic stopping test watches, and its unit: q's mean in units of
+        its sds and the log of its sds (unit 1: a relative error), ``(values, units)``."""
+        q = self.gaussian()
+        sd = np.sqrt(np.maximum(q.marginal_variances(), 1e-300))
+        return np.concatenate([q.mean, np.log(sd)]), np.concatenate([sd, np.ones_like(sd)])
+
     def proposal(self, ridge, rng):
         q = self.gaussian()
         if not q.degenerate:
@@ -261,3 +220,35 @@ class GaussianApproximation(FlowApproximation):
                 f"({self._why_singular()}), so q has no density on R^D"
             )
         return q.with_ridge(q.smallest_variance() if ridge is True else ridge), None
+
+
+def fit_dataset(inference) -> xr.Dataset:
+    """The DataTree's ``fit`` group: free energy and step size on ``step``, how the fit
+    ended (``converged``, ``stop_reason``, ``stopped_at_step``, ``stop_message``) and
+    what it cost (``gradient_evaluations``: points where the log-density and its
+    gradient were evaluated; ``density_evaluations``: without gradient) in its
+    attributes."""
+    attrs = {} if inference.outcome is None else inference.outcome.attrs()
+    attrs["gradient_evaluations"] = int(inference.gradient_evaluations)
+    attrs["density_evaluations"] = int(inference.density_evaluations)
+    if inference.fit_options is not None:
+        tol = inference.fit_options.tol
+        attrs["tol"] = "none" if tol is None else tol
+        attrs["learning_rate"] = inference.fit_options.settings()["learning_rate"]
+    return fit_group(inference.name, inference.hist, inference.step_sizes, attrs)
+
+
+def points_dataset(
+    model, values: dict, points: np.ndarray, labels: list[str], dim: str,
+    settings: dict[str, Any], extra: dict | None = None,
+) -> xr.Dataset:  # fmt: skip
+    """A method group: the constrained ``values`` of ``points`` on ``dim``, the points
+    unconstrained on ``(dim, coordinate)``, and the settings as attributes."""
+    coords, dims = coords_and_dims_for_inferencedata(model)
+    ds = dict_to_dataset(values, coords=coords, dims=dims, sample_dims=[dim])
+    ds = ds.assign(
+        unconstrained=xr.DataArray(points, dims=(dim, "coordinate"), coords={"coordinate": labels}),
+        **(extra or {}),
+    )
+    ds.attrs = settings_attrs(settings)
+    return ds

@@ -51,6 +51,7 @@ Z_ONE_SIDED_5 = 1.645
 Z_ONE_SIDED_005 = 3.29
 # while averaging, the average restarts only on a drop significant at 0.05 %: it is tested
 # after every window, and a 5 % test would restart a long average by chance
+_ARRAY = "__ndarray__"  # the key marking an array in a saved state
 
 
 @dataclass
@@ -73,7 +74,27 @@ class Outcome:
         }
 
 
-class Control:
+class _Saved:
+    """An object whose attributes are its state, so that a saved fit continues exactly:
+    :meth:`state` writes them as JSON (:func:`_to_json`), leaving out the hooks into the fit
+    (callables, given again when the object is built); :meth:`load` restores them, with
+    equal values and dtypes, loading nested saved objects in place."""
+
+    def state(self) -> dict[str, Any]:
+        """JSON-able state."""
+        return {k: _to_json(v) for k, v in vars(self).items() if not callable(v)}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state` wrote."""
+        for key, value in state.items():
+            current = getattr(self, key, None)
+            if isinstance(current, _Saved):
+                current.load(value)
+            else:
+                setattr(self, key, _from_json(value))
+
+
+class Control(_Saved):
     """Base controller: never stops by itself."""
 
     kind = "fixed"
@@ -92,14 +113,6 @@ class Control:
 
     def resume(self) -> None:
         """The fit continues (``refine``): undo what :meth:`finish` did."""
-
-    def state(self) -> dict[str, Any]:
-        """JSON-able state, so a saved fit continues exactly."""
-        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
-
-    def load(self, state: dict[str, Any]) -> None:
-        for key, value in state.items():
-            setattr(self, key, value)
 
 
 class FixedSteps(Control):
@@ -193,10 +206,10 @@ class Stochastic(Control):
     constant step is then small) — or the window's average is already precise to ``tol``,
     which ends the fit at once (e.g. GF on full data, whose whitened draws make the steps
     nearly noise free). *Averaging*: the step stays fixed and every iterate enters a running
-    average; its Monte Carlo error is the iterates' pooled variance times their correlation
-    time ``(2 - rate) / rate`` over their number (after at least four windows and five
-    correlation times), and the fit ends on that average when the error is below ``tol``.
-    A trace that starts falling again restarts the average.
+    average (:class:`_Average`); its Monte Carlo error is the iterates' pooled variance times
+    their correlation time ``(2 - rate) / rate`` over their number (after at least four
+    windows and five correlation times), and the fit ends on that average when the error is
+    below ``tol``. A trace that starts falling again restarts the average.
     """
 
     kind = "stochastic"
@@ -225,25 +238,26 @@ class Stochastic(Control):
         self.rejections = 0
         self.averaging = False
         self.previous: list[float] | None = None
+        self._scale = np.ones(1)  # q's sds at the last step: the unit of the errors
+        self._last_iterate: list[np.ndarray] | None = None  # what finish replaced, for resume
+        self._average = _Average()
         self._clear_window()
-        self._clear_average()
         self._set_rate(self.rate)
 
     @property
     def window_length(self) -> int:
         return max(self.min_window, math.ceil(4.0 / self.rate))
 
+    @property
+    def correlation_time(self) -> float:
+        """Integrated autocorrelation time of the iterates: a natural step of size ``rate``
+        contracts the distance to the fixed point by ``1 - rate``, an AR(1) process."""
+        return (2.0 - min(self.rate, 1.0)) / self.rate
+
     def _clear_window(self) -> None:
         self._values: list[float] = []
         self._locations: list[np.ndarray] = []
         self._window_sums: list[np.ndarray] | None = None
-
-    def _clear_average(self) -> None:
-        self._sums: list[np.ndarray] | None = None
-        self._count = 0
-        self._windows = 0
-        self._location_sum = self._location_squares = 0.0
-        self._located = 0
 
     def observe(self, free_energy, info):
         if not info["accepted"]:
@@ -261,7 +275,7 @@ class Stochastic(Control):
         params = [np.asarray(p, dtype=float) for p in self._params()]
         self._window_sums = _add(self._window_sums, params)
         if self.averaging:
-            self._sums, self._count = _add(self._sums, params), self._count + 1
+            self._average.add(params)
         if len(self._values) < self.window_length:
             return None
         return self._end_of_window()
@@ -274,143 +288,152 @@ class Stochastic(Control):
         locations = np.asarray(self._locations)
         if self.averaging:
             if falling:  # not stationary after all: average afresh from here
-                self._clear_average()
+                self._average = _Average()
             else:
-                self._windows += 1
-                self._location_sum = self._location_sum + locations.sum(axis=0)
-                self._location_squares = self._location_squares + np.square(locations).sum(axis=0)
-                self._located += len(locations)
-                if self._windows >= self.min_windows and self._average_error() < self.tol:
-                    self._set_params([s / self._count for s in self._sums])
-                    self._clear_window()
-                    return "converged"
+                self._average.add_window(locations)
+                if self._average.windows >= self.min_windows and self._average_error() < self.tol:
+                    return self._stop(self._average.sums, self._average.count, "converged")
         elif not falling:
             spread = float(np.max(np.std(locations, axis=0, ddof=1) / self._scale))
             correlation_time = min(self.correlation_time, len(locations))
             if spread * math.sqrt(correlation_time / len(locations)) < self.tol:
-                self._set_params([s / len(locations) for s in self._window_sums])
-                self._clear_window()
-                return "converged"
+                return self._stop(self._window_sums, len(locations), "converged")
             if spread < self.max_spread:
                 self.averaging = True
-                self._clear_average()
+                self._average = _Average()
             else:
                 self._new_rate(self.rate / 2)
                 if self.rate < self.min_rate:
-                    self._set_params([s / len(locations) for s in self._window_sums])
-                    self._clear_window()
-                    return "floor"
+                    return self._stop(self._window_sums, len(locations), "floor")
         self._clear_window()
         return None
 
-    def finish(self, reason):
-        if reason == "max_steps" and self.averaging and self._count:
-            # the running average is the better estimate; refine resumes from the iterate
-            self._last_iterate = [np.array(p) for p in self._params()]
-            self._set_params([s / self._count for s in self._sums])
-
-    def resume(self):
-        last = getattr(self, "_last_iterate", None)
-        if last is not None:
-            self._set_params(last)
-            self._last_iterate = None
-
-    @property
-    def correlation_time(self) -> float:
-        """Integrated autocorrelation time of the iterates: a natural step of size ``rate``
-        contracts the distance to the fixed point by ``1 - rate``, an AR(1) process."""
-        return (2.0 - min(self.rate, 1.0)) / self.rate
+    def _stop(self, sums: list[np.ndarray], count: int, reason: str) -> str:
+        """Set q to the average ``sums / count`` (Polyak-Ruppert) and stop for ``reason``."""
+        self._set_params([s / count for s in sums])
+        self._clear_window()
+        return reason
 
     def _average_error(self) -> float:
-        """Monte Carlo error of the running average in units of q's sds: the iterates'
-        stationary variance (pooled over the averaging period) times the correlation time
-        over the number of iterates; ``inf`` until the period spans five correlation
-        times."""
-        n = self._located
-        if n < 5 * self.correlation_time:
-            return float("inf")
-        mean = self._location_sum / n
-        variance = np.maximum(self._location_squares / n - np.square(mean), 0.0)
-        error = np.sqrt(variance * self.correlation_time / n) / self._scale
-        return float(np.max(error))
+        return self._average.error(self.correlation_time, self._scale)
 
     def _new_rate(self, rate: float) -> None:
         self.rate = rate
         self._set_rate(rate)
         self._clear_window()
 
-    def state(self):
-        out = super().state()
-        out["window"] = {
-            "values": list(self._values),
-            "locations": [a.tolist() for a in self._locations],
-            "window_sums": None
-            if self._window_sums is None
-            else [a.tolist() for a in self._window_sums],
-            "sums": None if self._sums is None else [a.tolist() for a in self._sums],
-            "count": self._count,
-            "windows": self._windows,
-            "location_sum": np.asarray(self._location_sum).tolist(),
-            "location_squares": np.asarray(self._location_squares).tolist(),
-            "located": self._located,
-            "last_iterate": None
-            if getattr(self, "_last_iterate", None) is None
-            else [np.asarray(a).tolist() for a in self._last_iterate],
-            "scale": getattr(self, "_scale", np.ones(1)).tolist(),
-        }
-        return out
+    def finish(self, reason):
+        if reason == "max_steps" and self.averaging and self._average.count:
+            # the running average is the better estimate; refine resumes from the iterate
+            self._last_iterate = [np.array(p) for p in self._params()]
+            self._set_params([s / self._average.count for s in self._average.sums])
+
+    def resume(self):
+        if self._last_iterate is not None:
+            self._set_params(self._last_iterate)
+            self._last_iterate = None
 
     def load(self, state):
-        state = dict(state)
-        window = state.pop("window", None)
         super().load(state)
         self._set_rate(self.rate)
-        if window is not None:
-            self._values = list(window["values"])
-            self._locations = [np.asarray(a) for a in window["locations"]]
-            self._window_sums = (
-                None
-                if window["window_sums"] is None
-                else [np.asarray(a) for a in window["window_sums"]]
-            )
-            self._sums = None if window["sums"] is None else [np.asarray(a) for a in window["sums"]]
-            self._count = int(window["count"])
-            self._windows = int(window["windows"])
-            self._location_sum = np.asarray(window["location_sum"])
-            self._location_squares = np.asarray(window["location_squares"])
-            self._located = int(window["located"])
-            last = window.get("last_iterate")
-            self._last_iterate = None if last is None else [np.asarray(a) for a in last]
-            self._scale = np.asarray(window["scale"])
 
     def describe(self, reason):
-        if reason == "converged":
-            how = (
-                f"the average of the iterates over the last {self._count} steps"
-                if self.averaging
-                else "the average of the last window"
-            )
-            return (
-                "converged: the free energy stopped decreasing (one-sided test at 5 % between "
-                f"windows of {self.window_length} steps) and the Monte Carlo error of the "
-                f"averaged q is below tol = {self.tol:g} of its sds; q is {how}"
-            )
-        if reason == "floor":
-            return (
-                f"the step size fell to {self.rate:.2g} (its floor) before the iterates "
-                "settled within tol; q is the average of the last window"
-            )
-        if reason == "stalled":
-            return (
-                f"stalled: {self.rejections} consecutive steps produced non-finite values even "
-                f"at step size {self.rate:.2g}"
-            )
-        if reason == "max_steps" and self.averaging and self._windows >= 2:
-            return (
-                f"reached the maximum number of steps while averaging (Monte Carlo error of "
-                f"the average {self._average_error():.2g} sds, tol {self.tol:g})"
-            )
-        return super().describe(reason)
+        return _stochastic_message(self, reason) or super().describe(reason)
+
+
+class _Average(_Saved):
+    """The running (Polyak-Ruppert) average of a stochastic fit's parameters while it
+    averages, and the moments of q's location over its whole windows, for the average's
+    Monte Carlo error."""
+
+    def __init__(self):
+        self.sums: list[np.ndarray] | None = None
+        self.count = 0
+        self.windows = 0
+        self.location_sum = self.location_squares = 0.0
+        self.located = 0
+
+    def add(self, params: list[np.ndarray]) -> None:
+        self.sums, self.count = _add(self.sums, params), self.count + 1
+
+    def add_window(self, locations: np.ndarray) -> None:
+        """A window of q's locations ``(steps, ...)`` that passed the plateau test."""
+        self.windows += 1
+        self.location_sum = self.location_sum + locations.sum(axis=0)
+        self.location_squares = self.location_squares + np.square(locations).sum(axis=0)
+        self.located += len(locations)
+
+    def error(self, correlation_time: float, scale: np.ndarray) -> float:
+        """Monte Carlo error of the average in units of ``scale`` (q's sds): the iterates'
+        stationary variance (pooled over the averaging period) times their correlation time
+        over their number; ``inf`` until the period spans five correlation times."""
+        n = self.located
+        if n < 5 * correlation_time:
+            return float("inf")
+        mean = self.location_sum / n
+        variance = np.maximum(self.location_squares / n - np.square(mean), 0.0)
+        error = np.sqrt(variance * correlation_time / n) / scale
+        return float(np.max(error))
+
+
+def _stochastic_message(control: Stochastic, reason: str) -> str | None:
+    """:meth:`Stochastic.describe` for the reasons whose explanation needs its numbers."""
+    if reason == "converged":
+        how = (
+            f"the average of the iterates over the last {control._average.count} steps"
+            if control.averaging
+            else "the average of the last window"
+        )
+        return (
+            "converged: the free energy stopped decreasing (one-sided test at 5 % between "
+            f"windows of {control.window_length} steps) and the Monte Carlo error of the "
+            f"averaged q is below tol = {control.tol:g} of its sds; q is {how}"
+        )
+    if reason == "floor":
+        return (
+            f"the step size fell to {control.rate:.2g} (its floor) before the iterates "
+            "settled within tol; q is the average of the last window"
+        )
+    if reason == "stalled":
+        return (
+            f"stalled: {control.rejections} consecutive steps produced non-finite values even "
+            f"at step size {control.rate:.2g}"
+        )
+    if reason == "max_steps" and control.averaging and control._average.windows >= 2:
+        return (
+            f"reached the maximum number of steps while averaging (Monte Carlo error of "
+            f"the average {control._average_error():.2g} sds, tol {control.tol:g})"
+        )
+    return None
+
+
+def _to_json(value: Any) -> Any:
+    """``value`` as JSON-able data: arrays as ``{"__ndarray__": nested lists, "dtype",
+    "shape"}`` (JSON writes floats with round-trip precision, so they load bit for bit),
+    saved objects as their :meth:`_Saved.state`, lists, tuples and dicts element-wise."""
+    if isinstance(value, _Saved):
+        return value.state()
+    if isinstance(value, np.ndarray):
+        return {_ARRAY: value.tolist(), "dtype": value.dtype.str, "shape": list(value.shape)}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, list | tuple):
+        return [_to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_json(v) for k, v in value.items()}
+    return value
+
+
+def _from_json(value: Any) -> Any:
+    """The inverse of :func:`_to_json` (saved objects are loaded in place by
+    :meth:`_Saved.load`)."""
+    if isinstance(value, dict) and _ARRAY in value:
+        return np.array(value[_ARRAY], dtype=value["dtype"]).reshape(value["shape"])
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _from_json(v) for k, v in value.items()}
+    return value
 
 
 def _add(sums: list[np.ndarray] | None, arrays: list[np.ndarray]) -> list[np.ndarray]:

@@ -131,50 +131,14 @@ class Diagnosis:
         """The diagnosis in plain language."""
         if self.unconverged is None:
             return self._verdict()
-        # k̂ of an unfinished q says nothing about the posterior: no advice from it
-        measured = self._verdict().split(":")[0]
-        refine = "refine" in self.unconverged or "bias" in self.unconverged
-        advice = "" if refine else "; continue it with approx.refine(n) and diagnose again"
-        return (
-            f"the fit did not converge ({self.unconverged}), so this judges an unfinished q "
-            f"({measured}){advice}."
-        )
+        return _unconverged_verdict(self.unconverged, self._verdict())
 
     def _verdict(self) -> str:
         if self.undefined is not None:
             return f"undefined: {self.undefined}"
-        k, limit = self.pareto_k, self.threshold
-        if k == -np.inf:
-            text = "exact (constant importance ratios): q is the posterior"
-        elif k < limit:
-            text = (
-                f"good (k̂ = {k:.2f} < {limit:.2f}): q is close to the posterior where it "
-                "matters; importance sampling with q is reliable"
-            )
-            if k >= 0.5:
-                text += " (0.5 ≤ k̂: q is not exact, so prefer PSIS-corrected draws)"
-        elif k < KHAT_VERY_BAD:
-            text = (
-                f"bad (k̂ = {k:.2f} ≥ {limit:.2f}): q misses part of the posterior, usually "
-                "its tails; means may be usable but standard deviations and tail "
-                "probabilities are not, and importance sampling cannot fix it reliably. The "
-                "posterior is not close to Gaussian here: use NUTS (pm.sample) for it, or "
-                "reparameterise the model"
-            )
-        else:
-            text = (
-                f"very bad (k̂ = {k:.2f} ≥ 1): q is far from the posterior; do not trust its "
-                "estimates. Use NUTS (pm.sample), or a richer q (e.g. full rank instead of "
-                "mean field or low rank)"
-            )
+        text = _khat_verdict(self.pareto_k, self.threshold)
         if self.finite_n_bias:
-            text += (
-                f" [but the particles' free energy F = {self.free_energy:.4g} is "
-                f"{self.free_energy_gap:.3g} ± {self.elbo_mcse:.2g} nats below -ELBO: with this "
-                "few particles their quadrature of E_q[log p] is biased (finite-N bias) and q is "
-                "not the best Gaussian; refit with method='gf' (fresh draws every step, no such "
-                "bias) or with n_particles='auto', which grows N while the bias shows]"
-            )
+            text += _finite_n_bias_note(self.free_energy, self.free_energy_gap, self.elbo_mcse)
         if self.ridge is not None:
             text += f" [for the regularised q with variance {self.ridge:.3g} added off C's range]"
         if self.minibatch:
@@ -230,6 +194,59 @@ class Diagnosis:
             )
         probabilities = np.exp(self.log_weights - logsumexp(self.log_weights))
         return self.points[rng.choice(self.n_draws, size=draws, p=probabilities)]
+
+
+def _khat_verdict(k: float, limit: float) -> str:
+    """What a Pareto k̂ of ``k`` says about q, ``limit`` the threshold of a good one
+    (:func:`khat_threshold`)."""
+    if k == -np.inf:
+        return "exact (constant importance ratios): q is the posterior"
+    if k < limit:
+        text = (
+            f"good (k̂ = {k:.2f} < {limit:.2f}): q is close to the posterior where it "
+            "matters; importance sampling with q is reliable"
+        )
+        if k >= 0.5:
+            text += " (0.5 ≤ k̂: q is not exact, so prefer PSIS-corrected draws)"
+        return text
+    if k < KHAT_VERY_BAD:
+        return (
+            f"bad (k̂ = {k:.2f} ≥ {limit:.2f}): q misses part of the posterior, usually "
+            "its tails; means may be usable but standard deviations and tail "
+            "probabilities are not, and importance sampling cannot fix it reliably. The "
+            "posterior is not close to Gaussian here: use NUTS (pm.sample) for it, or "
+            "reparameterise the model"
+        )
+    return (
+        f"very bad (k̂ = {k:.2f} ≥ 1): q is far from the posterior; do not trust its "
+        "estimates. Use NUTS (pm.sample), or a richer q (e.g. full rank instead of "
+        "mean field or low rank)"
+    )
+
+
+def _finite_n_bias_note(free_energy: float, gap: float, mcse: float) -> str:
+    """The caveat on a GPF fit whose particles' free energy ``free_energy`` is ``gap ±
+    mcse`` nats below ``-ELBO`` (:attr:`Diagnosis.finite_n_bias`)."""
+    return (
+        f" [but the particles' free energy F = {free_energy:.4g} is "
+        f"{gap:.3g} ± {mcse:.2g} nats below -ELBO: with this "
+        "few particles their quadrature of E_q[log p] is biased (finite-N bias) and q is "
+        "not the best Gaussian; refit with method='gf' (fresh draws every step, no such "
+        "bias) or with n_particles='auto', which grows N while the bias shows]"
+    )
+
+
+def _unconverged_verdict(unconverged: str, verdict: str) -> str:
+    """The verdict on a fit that did not converge (``unconverged`` says why; ``verdict``
+    is what the draws alone say): k̂ of an unfinished q says nothing about the posterior,
+    so no advice from it."""
+    measured = verdict.split(":")[0]
+    refine = "refine" in unconverged or "bias" in unconverged
+    advice = "" if refine else "; continue it with approx.refine(n) and diagnose again"
+    return (
+        f"the fit did not converge ({unconverged}), so this judges an unfinished q "
+        f"({measured}){advice}."
+    )
 
 
 def free_energy_gap(
@@ -296,55 +313,48 @@ def diagnose(
     """
     if not is_integer(draws, 10):
         raise ValueError(f"draws must be an integer >= 10, got {draws!r}.")
-    ridge = _regularize_option(regularize)
     rng = np.random.default_rng(seed_sequence(random_seed))
-    q, undefined = approx.proposal(ridge, rng)
+    q, undefined = approx.proposal(_regularize_option(regularize), rng)
     points = q.sample(int(draws), rng)
     log_q = q.logpdf(points)
     log_p = approx.log_density(points)
-    name = approx.inference.name
-    final = getattr(approx.inference, "final_free_energy", None)
-    free_energy = final if final is not None else _final_free_energy(approx.hist)
-    outcome = approx.inference.outcome
-    unconverged = outcome.message if outcome is not None and outcome.converged is False else None
-    if undefined is not None:
-        diagnosis = Diagnosis(
-            name,
-            points,
-            log_p,
-            log_q,
-            np.full(len(log_p), -np.log(len(log_p))),
-            float("nan"),
-            undefined=undefined,
-            minibatch=approx.target.minibatch,
-            free_energy=free_energy,
-            unconverged=unconverged,
-        )
+    if undefined is None:
+        log_weights, k = _smoothed_log_weights(log_p, log_q)
+        ridge = getattr(q, "ridge", None)
     else:
-        log_ratios = np.where(np.isnan(log_p), -np.inf, log_p) - log_q
-        if not np.isfinite(log_ratios).any():
-            raise FloatingPointError(
-                f"log p is not finite at any of the {draws} draws of q: the fit is outside "
-                "the posterior's support."
-            )
-        finite = log_ratios[np.isfinite(log_ratios)]
-        if np.ptp(finite) <= 1e-9 * max(1.0, abs(finite[0])):
-            # constant ratios: q is the posterior (up to its normaliser); no tail to fit
-            log_weights, k = np.full(len(log_ratios), -np.log(len(log_ratios))), -np.inf
-        else:
-            # arviz-stats smooths the ratios of -ary (LOO convention: ary = log-likelihood)
-            log_weights, k = array_stats.psislw(-log_ratios, r_eff=1.0)
-        diagnosis = Diagnosis(
-            name,
-            points,
-            log_p,
-            log_q,
-            np.asarray(log_weights),
-            float(k),
-            ridge=getattr(q, "ridge", None),
-            minibatch=approx.target.minibatch,
-            free_energy=free_energy,
-            unconverged=unconverged,
-        )
+        log_weights, k, ridge = np.full(len(log_p), -np.log(len(log_p))), float("nan"), None
+    final = getattr(approx.inference, "final_free_energy", None)
+    outcome = approx.inference.outcome
+    diagnosis = Diagnosis(
+        approx.inference.name,
+        points,
+        log_p,
+        log_q,
+        np.asarray(log_weights),
+        float(k),
+        ridge=ridge,
+        undefined=undefined,
+        minibatch=approx.target.minibatch,
+        free_energy=final if final is not None else _final_free_energy(approx.hist),
+        unconverged=outcome.message if outcome is not None and outcome.converged is False else None,
+    )
     approx.diagnosis = diagnosis
     return diagnosis
+
+
+def _smoothed_log_weights(log_p: np.ndarray, log_q: np.ndarray) -> tuple[np.ndarray, float]:
+    """The Pareto-smoothed, normalised log importance weights of draws of q and the shape
+    k̂ of the Pareto fit to their largest ratios (``-inf`` for constant ratios: no tail); a
+    draw where ``log p`` is NaN gets weight 0."""
+    log_ratios = np.where(np.isnan(log_p), -np.inf, log_p) - log_q
+    if not np.isfinite(log_ratios).any():
+        raise FloatingPointError(
+            f"log p is not finite at any of the {len(log_p)} draws of q: the fit is outside "
+            "the posterior's support."
+        )
+    finite = log_ratios[np.isfinite(log_ratios)]
+    if np.ptp(finite) <= 1e-9 * max(1.0, abs(finite[0])):
+        # constant ratios: q is the posterior (up to its normaliser); no tail to fit
+        return np.full(len(log_ratios), -np.log(len(log_ratios))), -np.inf
+    # arviz-stats smooths the ratios of -ary (LOO convention: ary = log-likelihood)
+    return array_stats.psislw(-log_ratios, r_eff=1.0)

@@ -22,6 +22,7 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 
+from pymc.variational.inference import State
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.traversal import ancestors
 
@@ -29,6 +30,7 @@ from pymc_gpf.control import Outcome
 from pymc_gpf.datatree import build_datatree
 from pymc_gpf.engine import FlowInference
 from pymc_gpf.optimizers import OPTIMIZERS, Optimizer
+from pymc_gpf.options import FitOptions, parse_fit_options
 from pymc_gpf.protocols import FittedApproximation
 from pymc_gpf.registry import METHODS
 
@@ -167,6 +169,25 @@ def _hyperparameters(model: pm.Model, names: list[str | None]) -> list[SharedVar
     return [shared[name] for name in names]
 
 
+def _fit_options(inference: FlowInference, attrs: dict) -> FitOptions:
+    """The fit keywords the saved fit was compiled with."""
+    fit = json.loads(attrs["fit"])
+    optimizer = fit["optimizer"]
+    auto = fit["learning_rate"] == "auto"
+    return parse_fit_options(
+        inference.target,
+        inference.default_optimizer,
+        learning_rate="auto" if auto else tuple(fit["learning_rate"]),
+        tol=fit.get("tol"),
+        optimizer=None if auto else _OPTIMIZER_CLASSES[optimizer["class"]](**optimizer["fields"]),
+        clip_norm=fit["clip_norm"],
+        more_obj_params=_hyperparameters(inference.model, json.loads(attrs["hyperparameters"])),
+        backend=fit["backend"],
+        compile_kwargs=fit["compile_kwargs"],
+        include_transformed=fit["include_transformed"],
+    )
+
+
 def load(source: str | Path | xr.DataTree, model: pm.Model | None = None) -> FittedApproximation:
     """Rebuild a saved fit on ``model`` (the model it was fitted to, rebuilt by the same
     code; default: the model in context) and return its approximation, ready for
@@ -191,21 +212,7 @@ def load(source: str | Path | xr.DataTree, model: pm.Model | None = None) -> Fit
             f"The saved fit is for a model with coordinates {labels}, but this model has "
             f"{inference.target.labels}. Load it with the model it was fitted to."
         )
-    fit = json.loads(attrs["fit"])
-    optimizer = fit["optimizer"]
-    auto = fit["learning_rate"] == "auto"
-    inference.fit(
-        0,
-        progressbar=False,
-        learning_rate="auto" if auto else tuple(fit["learning_rate"]),
-        tol=fit.get("tol"),
-        optimizer=None if auto else _OPTIMIZER_CLASSES[optimizer["class"]](**optimizer["fields"]),
-        clip_norm=fit["clip_norm"],
-        more_obj_params=_hyperparameters(model, json.loads(attrs["hyperparameters"])),
-        backend=fit["backend"],
-        compile_kwargs=fit["compile_kwargs"],
-        include_transformed=fit["include_transformed"],
-    )
+    inference.prepare(_fit_options(inference, attrs))
     expected, saved = set(inference.state_vars), set(checkpoint.data_vars) - {"step_size"}
     if expected != saved:
         raise ValueError(
@@ -222,7 +229,7 @@ def load(source: str | Path | xr.DataTree, model: pm.Model | None = None) -> Fit
     inference.outcome = None if outcome is None else Outcome(**outcome)
     inference.load_checkpoint_extra(json.loads(attrs["extra"]))
     inference.gradient_evaluations, inference.density_evaluations = json.loads(attrs["evaluations"])
-    inference.state = inference.state._replace(i=int(attrs["step"]))
+    inference.state = State(int(attrs["step"]), step=inference.step, callbacks=[], score=True)
     inference.random_seed = json.loads(attrs["random_seed"])
     rng = np.random.default_rng()
     rng.bit_generator.state = json.loads(attrs["noise_rng"])

@@ -13,7 +13,7 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 
-__all__ = ["FittedApproximation"]
+__all__ = ["FittedApproximation", "Method"]
 
 
 class FittedApproximation(Protocol):
@@ -44,3 +44,23 @@ class FittedApproximation(Protocol):
     def fit_group(self) -> xr.Dataset: ...
 
     def method_group(self) -> xr.Dataset: ...
+
+
+class Method(Protocol):
+    """What a method provides to the engine (:class:`pymc_gpf.engine.FlowInference`), the
+    registry, persistence and diagnostics. A subclass of ``FlowInference`` that sets
+    ``name`` and defines these is a complete method (``tests/test_toy_method.py`` is one
+    in a single module)."""
+
+    name: str
+    config: Any  # a frozen pymc_gpf.config.MethodConfig: the constructor's options
+
+    def _initialise(self) -> Any:
+        """The approximation at the starting point (its ``params`` hold the fitted state)."""
+
+    def _build_step(self, options: Any) -> Any:
+        """One iteration as a :class:`pymc_gpf.stepgraph.StepGraph` for the fit keywords
+        ``options`` (:class:`pymc_gpf.options.FitOptions`)."""
+
+    def _evaluations_per_step(self) -> tuple[int, int]:
+        """Points where one step evaluates the log-density with its gradient, and without."""

@@ -14,7 +14,7 @@ import pymc
 import pymc.variational
 import pymc.variational.inference as pm_inference
 
-from pymc_gpf.engine import FlowInference
+from pymc_gpf.engine import FlowInference, configure
 
 __all__ = ["METHODS", "register", "register_method", "unregister"]
 
@@ -30,6 +30,23 @@ def register_method(name: str, cls: type[FlowInference]) -> None:
 def _original():
     fit = pm_inference.fit
     return fit.__wrapped__ if getattr(fit, _MARK, False) else fit
+
+
+def _build(name: str, model, random_seed, start, start_sigma, inf_kwargs) -> FlowInference:
+    """The inference ``pm.fit(method=name, ...)`` asks for, built from ``pm.fit``'s
+    arguments."""
+    if start_sigma is not None:
+        raise NotImplementedError(
+            f"start_sigma is only available for method 'advi'; for {name!r} set the "
+            "initial spread with inf_kwargs={'init_scale': ...}."
+        )
+    model = pymc.modelcontext(model)
+    options = dict(inf_kwargs or {})  # as PyMC: explicit arguments override inf_kwargs
+    if random_seed is not None:
+        options["random_seed"] = random_seed
+    if start is not None:
+        options["start"] = start
+    return METHODS[name](model=model, **options)
 
 
 def _wrap(original):
@@ -49,18 +66,7 @@ def _wrap(original):
     ):
         name = method.lower() if isinstance(method, str) else None
         if name in METHODS:
-            if start_sigma is not None:
-                raise NotImplementedError(
-                    f"start_sigma is only available for method 'advi'; for {name!r} set the "
-                    "initial spread with inf_kwargs={'init_scale': ...}."
-                )
-            model = pymc.modelcontext(model)
-            options = dict(inf_kwargs or {})  # as PyMC: explicit arguments override inf_kwargs
-            if random_seed is not None:
-                options["random_seed"] = random_seed
-            if start is not None:
-                options["start"] = start
-            inference = METHODS[name](model=model, **options)
+            inference = _build(name, model, random_seed, start, start_sigma, inf_kwargs)
         elif isinstance(method, FlowInference):
             if inf_kwargs:
                 raise ValueError(
@@ -68,7 +74,7 @@ def _wrap(original):
                     f"({type(method).__name__}(...)) instead."
                 )
             inference = method
-            inference.configure(model=model, random_seed=random_seed, start=start)
+            configure(inference, model=model, random_seed=random_seed, start=start)
         else:
             try:
                 return original(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -79,6 +80,12 @@ class Coordinates:
     @property
     def slice(self) -> slice:
         return slice(self.start, self.stop)
+
+    def labels(self) -> list[str]:
+        """One label per flat coordinate, e.g. ``"beta[2]"`` or ``"sigma_log__"``."""
+        if self.shape == ():
+            return [self.value_name]
+        return [f"{self.value_name}[{', '.join(map(str, i))}]" for i in np.ndindex(self.shape)]
 
 
 def compile_kwargs_for(backend: str | None, compile_kwargs: dict | None = None) -> dict:
@@ -245,7 +252,161 @@ def _check_observed(name: str, rv: Variable, data: Variable) -> None:
                 )
 
 
-class BatchedTarget:
+def _coordinates(model: pm.Model, point: dict[str, np.ndarray]) -> tuple[Coordinates, ...]:
+    """Where each free variable lives in the flat vector: the value variables in the model's
+    order, each raveled, with the shapes of ``point`` (the initial point)."""
+    rv_of = {model.rvs_to_values[rv].name: rv.name for rv in model.free_RVs}
+    coords, start = [], 0
+    for var in model.value_vars:
+        shape = tuple(int(s) for s in np.shape(point[var.name]))
+        size = int(np.prod(shape, dtype=int))
+        coords.append(Coordinates(var.name, rv_of[var.name], shape, start, start + size))
+        start += size
+    return tuple(coords)
+
+
+def _own_generators(logp: Variable) -> dict[Variable, SharedVariable]:
+    """New shared generators for those the log-density draws from (pm.Minibatch's row
+    sampler), to replace them by: the fit seeds its own, so the model's stay as they were
+    and the same random_seed gives the same minibatches."""
+    return {
+        var: pytensor.shared(np.random.default_rng(0), name=f"{var.name or 'data'}_rng")
+        for var in ancestors([logp])
+        if isinstance(var, SharedVariable) and isinstance(var.type, RandomGeneratorType)
+    }
+
+
+def _full_data_logp(
+    model: pm.Model, point: dict[str, np.ndarray], value_vars: list[Variable]
+) -> tuple[Variable, Variable]:
+    """The log-density of ``model`` with ``pm.Minibatch`` data replaced by the whole data set
+    (``total_size`` scaling then 1), as a graph of a new flat input: ``(logp, flat)``."""
+    fgraph, _ = fgraph_from_model(model)
+    replace = {}
+    for node in fgraph.apply_nodes:
+        if isinstance(node.op, MinibatchOp):
+            # the Op's last input and output are its random generator and its update
+            replace.update(zip(node.outputs[:-1], node.inputs[:-1], strict=True))
+    # the minibatch's static length is in the types downstream: rebuild them
+    outputs = clone_replace(fgraph.outputs, replace, rebuild_strict=False)
+    full_graph = FunctionGraph(outputs=outputs, clone=False)
+    full_graph._coords, full_graph._dim_lengths = fgraph._coords, fgraph._dim_lengths
+    full = model_from_fgraph(full_graph, mutate_fgraph=True)
+    values = {v.name: v for v in full.value_vars}
+    [logp], flat = join_nonshared_inputs(point, [full.logp()], [values[v.name] for v in value_vars])
+    return logp, flat
+
+
+def _start_overrides(
+    model: pm.Model, coordinates: tuple[Coordinates, ...], start: Any, dtype: str
+) -> dict[str, np.ndarray]:
+    """``start`` checked (keys: RV names in constrained space, or value-variable names;
+    values of the variable's shape, or scalars broadcast to it, finite) as overrides of the
+    model's initial point."""
+    if not isinstance(start, dict):
+        raise TypeError(f"start must be a dict of variable name -> value, got {type(start)}")
+    shapes = model.eval_rv_shapes()
+    overrides = {}
+    for key, value in start.items():
+        name = key if isinstance(key, str) else getattr(key, "name", str(key))
+        if name not in shapes:
+            free = [c.rv_name for c in coordinates]
+            raise KeyError(
+                f"start has an entry {name!r} that is not a free variable of the model; "
+                f"free variables are {free} (or their transformed names)."
+            )
+        expected = tuple(int(s) for s in shapes[name])
+        value = np.asarray(value, dtype=dtype)
+        if value.shape != expected:
+            if value.ndim != 0:
+                raise ValueError(
+                    f"start[{name!r}] has shape {value.shape}, but {name} has shape "
+                    f"{expected}. Pass an array of shape {expected} (or a scalar)."
+                )
+            value = np.broadcast_to(value, expected).copy()
+        if not np.all(np.isfinite(value)):
+            raise InitialPointError(f"start[{name!r}] contains non-finite values: {value}.")
+        overrides[name] = value
+    return overrides
+
+
+def _constrained_function(
+    model: pm.Model,
+    point: dict[str, np.ndarray],
+    value_vars: list[Variable],
+    dtype: str,
+    include_transformed: bool,
+    backend: str | None,
+    compile_kwargs: dict | None,
+) -> Callable[[np.ndarray], dict[str, np.ndarray]]:
+    """:meth:`BatchedTarget.compile_constrained`: the free variables and deterministics of
+    ``model`` as one batched function of flat unconstrained draws (rows of ``value_vars``
+    raveled)."""
+    outputs = [v for v in model.unobserved_value_vars if not isinstance(v, pt.TensorConstant)]
+    keep = set(get_default_varnames([v.name for v in outputs], include_transformed))
+    outputs = [v for v in outputs if v.name in keep]
+    names = [v.name for v in outputs]
+    joined, flat = join_nonshared_inputs(point, outputs, value_vars)
+    draws = pt.matrix("draws", dtype=dtype)
+    batched = vectorize_rows(joined, flat, draws, what="deterministics")
+    fn = compile_function([draws], batched, backend, compile_kwargs)
+    core_ndims = {v.name: v.ndim for v in outputs}
+
+    def constrained(samples: np.ndarray) -> dict[str, np.ndarray]:
+        samples = np.asarray(samples, dtype=dtype)
+        values = fn(samples)
+        out = {}
+        for name, value in zip(names, values, strict=True):
+            value = np.asarray(value)
+            if value.ndim == core_ndims[name]:  # does not depend on the free variables
+                value = np.broadcast_to(value, (len(samples), *value.shape))
+            out[name] = value
+        return out
+
+    return constrained
+
+
+class _FlatLayout:
+    """The flat unconstrained vector's layout: where each free variable lives
+    (:class:`Coordinates`), and the conversions between flat vectors and PyMC's point
+    dicts."""
+
+    def __init__(self, coordinates: tuple[Coordinates, ...], dtype: str):
+        self.coordinates = coordinates
+        self.ndim = coordinates[-1].stop
+        self.dtype = dtype
+
+    @cached_property
+    def labels(self) -> list[str]:
+        """One label per flat coordinate, e.g. ``"beta[2]"`` or ``"sigma_log__"``."""
+        return [label for c in self.coordinates for label in c.labels()]
+
+    def variables_at(self, dims: np.ndarray) -> list[str]:
+        """Names of the free variables owning the flat coordinates flagged in ``dims``."""
+        dims = np.asarray(dims)
+        idx = np.flatnonzero(dims) if dims.dtype == bool else dims
+        return [c.rv_name for c in self.coordinates if np.any((idx >= c.start) & (idx < c.stop))]
+
+    def point(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """A flat vector as PyMC's point dict (value-variable names, unconstrained)."""
+        flat = np.asarray(flat)
+        return {c.value_name: flat[c.slice].reshape(c.shape) for c in self.coordinates}
+
+    def flatten(self, point: dict[str, Any]) -> np.ndarray:
+        """PyMC's point dict (value-variable names, unconstrained) as one flat vector."""
+        return np.concatenate(
+            [np.asarray(point[c.value_name], dtype=self.dtype).ravel() for c in self.coordinates]
+        )
+
+    def find(self, name: str) -> Coordinates:
+        """Coordinates of a free variable given its RV name or value-variable name."""
+        for c in self.coordinates:
+            if name in (c.rv_name, c.value_name):
+                return c
+        raise KeyError(name)
+
+
+class BatchedTarget(_FlatLayout):
     """A PyMC model seen as ``log p(x)`` on flat unconstrained coordinates ``x`` in ``R^D``:
     the papers' ``phi(x) = -log p(x, y)`` (Galy-Fajou et al. 2021, eq. 2; the log joint
     ``log p(z, x)`` of Ambrogioni et al. 2018, eq. 24), evaluated for many points at once.
@@ -261,25 +422,9 @@ class BatchedTarget:
         self.model = model
         self.value_vars = list(model.value_vars)
         self._point = model.initial_point()
-        rv_of = {model.rvs_to_values[rv].name: rv.name for rv in model.free_RVs}
-        coords, start = [], 0
-        for var in self.value_vars:
-            shape = tuple(int(s) for s in np.shape(self._point[var.name]))
-            size = int(np.prod(shape, dtype=int))
-            coords.append(Coordinates(var.name, rv_of[var.name], shape, start, start + size))
-            start += size
-        self.coordinates: tuple[Coordinates, ...] = tuple(coords)
-        self.ndim = start
-        self.dtype = pytensor.config.floatX
+        super().__init__(_coordinates(model, self._point), pytensor.config.floatX)
         [logp], self._flat = join_nonshared_inputs(self._point, [model.logp()], self.value_vars)
-        # random generators in the log-density (pm.Minibatch's row sampler) are replaced by
-        # our own, which the fit seeds: the model's own stay as they were, and the same
-        # random_seed gives the same minibatches
-        self._rngs = {
-            var: pytensor.shared(np.random.default_rng(0), name=f"{var.name or 'data'}_rng")
-            for var in ancestors([logp])
-            if isinstance(var, SharedVariable) and isinstance(var.type, RandomGeneratorType)
-        }
+        self._rngs = _own_generators(logp)
         self._logp = graph_replace([logp], self._rngs, strict=False)[0] if self._rngs else logp
 
     def seed(self, seed: np.random.SeedSequence) -> None:
@@ -329,21 +474,7 @@ class BatchedTarget:
     def _full_data_logp(self) -> Variable:
         if not self.minibatch:
             return self._logp
-        fgraph, _ = fgraph_from_model(self.model)
-        replace = {}
-        for node in fgraph.apply_nodes:
-            if isinstance(node.op, MinibatchOp):
-                # the Op's last input and output are its random generator and its update
-                replace.update(zip(node.outputs[:-1], node.inputs[:-1], strict=True))
-        # the minibatch's static length is in the types downstream: rebuild them
-        outputs = clone_replace(fgraph.outputs, replace, rebuild_strict=False)
-        full_graph = FunctionGraph(outputs=outputs, clone=False)
-        full_graph._coords, full_graph._dim_lengths = fgraph._coords, fgraph._dim_lengths
-        full = model_from_fgraph(full_graph, mutate_fgraph=True)
-        values = {v.name: v for v in full.value_vars}
-        [logp], flat = join_nonshared_inputs(
-            self._point, [full.logp()], [values[v.name] for v in self.value_vars]
-        )
+        logp, flat = _full_data_logp(self.model, self._point, self.value_vars)
         return graph_replace([logp], {flat: self._flat}, strict=False)[0]
 
     def compile_logp(
@@ -367,74 +498,17 @@ class BatchedTarget:
             for var in ancestors([self._logp])
         )
 
-    # ------------------------------------------------------------- coordinates, names
-    @cached_property
-    def labels(self) -> list[str]:
-        """One label per flat coordinate, e.g. ``"beta[2]"`` or ``"sigma_log__"``."""
-        labels = []
-        for c in self.coordinates:
-            if c.shape == ():
-                labels.append(c.value_name)
-            else:
-                labels += [f"{c.value_name}[{', '.join(map(str, i))}]" for i in np.ndindex(c.shape)]
-        return labels
-
-    def variables_at(self, dims: np.ndarray) -> list[str]:
-        """Names of the free variables owning the flat coordinates flagged in ``dims``."""
-        dims = np.asarray(dims)
-        idx = np.flatnonzero(dims) if dims.dtype == bool else dims
-        return [c.rv_name for c in self.coordinates if np.any((idx >= c.start) & (idx < c.stop))]
-
-    def point(self, flat: np.ndarray) -> dict[str, np.ndarray]:
-        """A flat vector as PyMC's point dict (value-variable names, unconstrained)."""
-        flat = np.asarray(flat)
-        return {c.value_name: flat[c.slice].reshape(c.shape) for c in self.coordinates}
-
-    def flatten(self, point: dict[str, Any]) -> np.ndarray:
-        """PyMC's point dict (value-variable names, unconstrained) as one flat vector."""
-        return np.concatenate(
-            [np.asarray(point[c.value_name], dtype=self.dtype).ravel() for c in self.coordinates]
-        )
-
-    def find(self, name: str) -> Coordinates:
-        """Coordinates of a free variable given its RV name or value-variable name."""
-        for c in self.coordinates:
-            if name in (c.rv_name, c.value_name):
-                return c
-        raise KeyError(name)
-
     # ----------------------------------------------------------------- starting point
     def start_vector(self, start: dict | None = None, random_seed=None) -> np.ndarray:
         """The flat unconstrained starting point: the model's initial point updated by
         ``start`` (keys: RV names in constrained space, or value-variable names)."""
         if not start:
             return self.flatten(self._point)
-        if not isinstance(start, dict):
-            raise TypeError(f"start must be a dict of variable name -> value, got {type(start)}")
-        shapes = self.model.eval_rv_shapes()
-        overrides = {}
-        for key, value in start.items():
-            name = key if isinstance(key, str) else getattr(key, "name", str(key))
-            if name not in shapes:
-                free = [c.rv_name for c in self.coordinates]
-                raise KeyError(
-                    f"start has an entry {name!r} that is not a free variable of the model; "
-                    f"free variables are {free} (or their transformed names)."
-                )
-            expected = tuple(int(s) for s in shapes[name])
-            value = np.asarray(value, dtype=self.dtype)
-            if value.shape != expected:
-                if value.ndim != 0:
-                    raise ValueError(
-                        f"start[{name!r}] has shape {value.shape}, but {name} has shape "
-                        f"{expected}. Pass an array of shape {expected} (or a scalar)."
-                    )
-                value = np.broadcast_to(value, expected).copy()
-            if not np.all(np.isfinite(value)):
-                raise InitialPointError(f"start[{name!r}] contains non-finite values: {value}.")
-            overrides[name] = value
         point = make_initial_point_fn(
-            model=self.model, overrides=overrides, jitter_rvs=set(), return_transformed=True
+            model=self.model,
+            overrides=_start_overrides(self.model, self.coordinates, start, self.dtype),
+            jitter_rvs=set(),
+            return_transformed=True,
         )(random_seed)
         return self.flatten(point)
 
@@ -452,30 +526,15 @@ class BatchedTarget:
     ):
         """A function mapping flat unconstrained draws ``(S, D)`` to a dict of constrained
         free variables and deterministics, each with a leading draw axis ``S``."""
-        outputs = [
-            v for v in self.model.unobserved_value_vars if not isinstance(v, pt.TensorConstant)
-        ]
-        keep = set(get_default_varnames([v.name for v in outputs], include_transformed))
-        outputs = [v for v in outputs if v.name in keep]
-        names = [v.name for v in outputs]
-        joined, flat = join_nonshared_inputs(self._point, outputs, self.value_vars)
-        draws = pt.matrix("draws", dtype=self.dtype)
-        batched = vectorize_rows(joined, flat, draws, what="deterministics")
-        fn = compile_function([draws], batched, backend, compile_kwargs)
-        core_ndims = {v.name: v.ndim for v in outputs}
-
-        def constrained(samples: np.ndarray) -> dict[str, np.ndarray]:
-            samples = np.asarray(samples, dtype=self.dtype)
-            values = fn(samples)
-            out = {}
-            for name, value in zip(names, values, strict=True):
-                value = np.asarray(value)
-                if value.ndim == core_ndims[name]:  # does not depend on the free variables
-                    value = np.broadcast_to(value, (len(samples), *value.shape))
-                out[name] = value
-            return out
-
-        return constrained
+        return _constrained_function(
+            self.model,
+            self._point,
+            self.value_vars,
+            self.dtype,
+            include_transformed,
+            backend,
+            compile_kwargs,
+        )
 
 
 def untransformed_name(name: str) -> str:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import warnings
-
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import cached_property
 from typing import ClassVar
 
@@ -15,46 +14,19 @@ import pytensor.tensor as pt
 import xarray as xr
 
 from pymc_gpf.approximation import GaussianApproximation
-from pymc_gpf.checks import is_integer, positive, renamed
+from pymc_gpf.checks import renamed
 from pymc_gpf.datatree import settings_attrs
-from pymc_gpf.engine import (
-    AUTO,
-    FitOptions,
-    FlowInference,
-    StepGraph,
-    transform_direction,
-)
+from pymc_gpf.engine import FlowInference
 from pymc_gpf.gaussian import GaussianQ
-from pymc_gpf.gf import flow
-from pymc_gpf.stepsize import cap
+from pymc_gpf.gf import flow, step
+from pymc_gpf.gf.config import GFConfig
+from pymc_gpf.gf.parameters import check_rank, draw_pairs, initial_factors
+from pymc_gpf.options import AUTO, FitOptions, resolve_natural_mean
+from pymc_gpf.start import initial_centre
+from pymc_gpf.stepgraph import StepGraph, standard_normal
 from pymc_gpf.structure import Structure, parse_structure
 
 __all__ = ["GF", "GFApproximation"]
-
-MAX_DEFAULT_RANK = 1000
-MIN_DEFAULT_PAIRS, MAX_DEFAULT_PAIRS = 10, 500
-MAX_SCALE_STEP = 0.5  # trust region: one step scales q's spread by at most 1 +- this
-
-
-def default_pairs(rank: int) -> int:
-    """Antithetic pairs of draws per step at the automatic step size: one per direction
-    of the factor (the whitened pairs are then a cubature rule exact to degree 3), at
-    least 10 and at most 500."""
-    return min(max(rank, MIN_DEFAULT_PAIRS), MAX_DEFAULT_PAIRS)
-
-
-def default_rank(ndim: int) -> int:
-    """Full rank ``D``, capped at :data:`MAX_DEFAULT_RANK` with a warning (memory ``D K``)."""
-    if ndim <= MAX_DEFAULT_RANK:
-        return ndim
-    warnings.warn(
-        f"The model has D = {ndim} unconstrained dimensions; the default GF factor has rank "
-        f"{MAX_DEFAULT_RANK} < D (a full-rank factor needs D^2 memory). Pass "
-        "inf_kwargs={'rank': K} to choose, or structure='diagonal' for mean field.",
-        UserWarning,
-        stacklevel=3,
-    )
-    return MAX_DEFAULT_RANK
 
 
 class GFApproximation(GaussianApproximation):
@@ -205,19 +177,8 @@ class GF(FlowInference):
 
     Notes
     -----
-    At the automatic step size (the default) each step draws fresh whitened antithetic
-    pairs, takes natural-gradient steps inside a trust region (the mean moves at most
-    ``sqrt(K)`` of q's sds, the spread changes by at most 50 %) and the step size follows
-    :class:`pymc_gpf.control.Stochastic`: halved when the free energy stops falling, the
-    fit ending on the average of its last window once that is precise to ``tol`` sds.
-    Fresh draws every step mean the fit cannot adapt itself to particular points, so GF has
-    no finite-N bias of GPF's kind (the whitening leaves only a small bias of order 1/S in
-    moments of degree 4 and higher).
-
-    Algorithm 1 of the paper prints ``phi`` for ``grad phi`` in the mean step and drops the
-    ``+ eta2 Gamma`` term; eq. 11, used here, has both. Plain descent on ``Gamma`` is stable
-    for ``eta2 < 2 / kappa`` (``kappa`` the condition number of the posterior covariance);
-    the iterates fluctuate around the fixed point with a spread of order ``sqrt(eta / S)``.
+    The automatic step (fresh whitened antithetic draws, natural-gradient steps in a trust
+    region, :class:`pymc_gpf.control.Stochastic`'s schedule) is :mod:`pymc_gpf.gf.step`.
     The fit keywords are those of :meth:`pymc_gpf.GPF.fit`.
     """
 
@@ -241,85 +202,29 @@ class GF(FlowInference):
         start: dict | None = None,
         n_samples: int | str | None = None,
     ):
-        self.rank = rank
         draws = renamed("GF", "n_samples", "draws_per_step", n_samples, draws_per_step, AUTO)
-        self.draws_per_step = AUTO if draws is None else draws
-        self.natural_mean = natural_mean if natural_mean is None else bool(natural_mean)
-        self.init = init
-        self.init_scale = init_scale
-        self._structure_option = structure
+        self.config = GFConfig(rank, draws, structure, natural_mean, init, init_scale)
         super().__init__(model=model, random_seed=random_seed, start=start)
 
     def _initialise(self) -> GFApproximation:
-        d = self.target.ndim
-        self.structure = parse_structure(self._structure_option, self.target)
-        if self.draws_per_step != AUTO and not is_integer(self.draws_per_step, 1):
-            raise ValueError(
-                f"draws_per_step must be 'auto' or an integer >= 1 (draws of q per step), got "
-                f"{self.draws_per_step!r}."
-            )
-        if self.structure.diagonal and self.rank is not None:
-            raise ValueError(
-                "rank applies to 'full' and block structures; structure='diagonal' has one "
-                "scale per coordinate. Drop rank= or choose another structure."
-            )
-        if self.rank is None and not self.structure.diagonal:
-            self.rank = default_rank(d)
-        if not self.structure.diagonal and not (is_integer(self.rank, 1) and self.rank <= d):
-            raise ValueError(
-                f"rank must be an integer between 1 and D = {d} (the number of unconstrained "
-                f"coordinates), got {self.rank!r}."
-            )
-        scale = positive("init_scale", self.init_scale)
-        mean = self._initial_centre(self.init).astype(self.target.dtype)
-        if self.structure.diagonal:
-            factors = [np.full(d, scale, dtype=self.target.dtype)]
-        else:
-            factors = [
-                scale * np.eye(len(b), min(self.rank, len(b)), dtype=self.target.dtype)
-                for b in self.structure.blocks
-            ]
-        return GFApproximation(self, mean, factors)
+        config, d = self.config, self.target.ndim
+        self.structure = parse_structure(config.structure, self.target)
+        rank = check_rank(config.rank, self.structure, d)
+        self.config = replace(config, rank=rank)
+        mean = initial_centre(self.target, self._start, config.init, self._init_rng)
+        factors = initial_factors(self.structure, rank, config.init_scale, d, self.target.dtype)
+        return GFApproximation(self, mean.astype(self.target.dtype), factors)
 
-    def constructor_options(self) -> dict:
+    def _fitted_settings(self) -> dict:
         return {
-            "rank": None if self.rank is None else int(self.rank),
-            "draws_per_step": self.draws_per_step
-            if self.draws_per_step == AUTO
-            else int(self.draws_per_step),
-            "structure": self._structure_option,
-            "natural_mean": self.natural_mean,
-            "init": self.init,
-            "init_scale": float(self.init_scale),
-        }
-
-    def settings(self) -> dict:
-        """The options of this fit, as stored in the DataTree's ``gf`` group."""
-        out = {
-            "rank": self.rank,
             "ranks": [f.shape[-1] for f in self.approx.factors],
             "draws_per_step": self.resolved_draws(self.fit_options),
             "structure": self.structure.describe(),
-            "natural_mean": self._natural_mean(self.fit_options),
-            "init": self.init,
-            "init_scale": self.init_scale,
-            "random_seed": self.random_seed,
-            "n_steps": len(self.hist),
+            "natural_mean": resolve_natural_mean(self.natural_mean, self.fit_options),
         }
-        if self.fit_options is not None:
-            out.update(self.fit_options.settings())
-        return out
-
-    def _natural_mean(self, options: FitOptions | None) -> bool:
-        if self.natural_mean is not None:
-            return self.natural_mean
-        return options is not None and options.auto
 
     def _pairs(self, options: FitOptions | None) -> int:
-        if self.draws_per_step != AUTO:
-            return (int(self.draws_per_step) + 1) // 2
-        ranks = [f.shape[-1] for f in self.approx.factors]
-        return default_pairs(max(ranks))
+        return draw_pairs(self.draws_per_step, [f.shape[-1] for f in self.approx.factors])
 
     def resolved_draws(self, options: FitOptions | None) -> int:
         """Draws of q each step: ``draws_per_step``, or its automatic value."""
@@ -328,94 +233,35 @@ class GF(FlowInference):
         return 10 if self.draws_per_step == AUTO else int(self.draws_per_step)
 
     def _build_step(self, options: FitOptions) -> StepGraph:
-        if options.auto:
-            if self.natural_mean is False:
-                raise ValueError(
-                    "natural_mean=False needs a fixed learning_rate: the automatic step size "
-                    "uses natural-gradient steps. Drop natural_mean or pass a learning_rate."
-                )
-            return self._natural_step(options)
-        approx = self.approx
-        mean, factors = approx.shared_mean, approx.shared_factors
-        s = self.resolved_draws(options)
-        noise = [self.standard_normal((s, f.type.shape[-1])) for f in factors]
-        deviations = flow.deviations(factors, noise, self.structure)
-        points = mean + deviations
-        logp, grad_logp, hyper = self.target.logp_and_grads(points, options.more_obj_params)
-        grads = -grad_logp
-        eta1, eta2 = self.learning_rates
-        shift = flow.mean_direction(grads, factors, self.structure, self._natural_mean(options))
-        shift, updates = transform_direction(options.chain(), shift, mean.type.shape, "gf_mean")
-        new_mean = (mean - eta1 * shift).astype(mean.dtype)
-        updates[mean] = new_mean
-        new_factors = []
-        directions = flow.factor_directions(grads, deviations, factors, self.structure)
-        for f, direction in zip(factors, directions, strict=True):
-            # a dimension-wise optimiser shares its scale across the K columns: an affine
-            # preconditioner of Gamma's rows, as GPF shares it across particles
-            chain = options.chain(particle_axes=(1,) if f.ndim == 2 else ())
-            direction, opt_updates = transform_direction(chain, direction, f.type.shape, f.name)
-            updates.update(opt_updates)
-            updates[f] = (f - eta2 * direction).astype(f.dtype)
-            new_factors.append(updates[f])
-        return StepGraph(
-            free_energy=flow.free_energy(logp, factors, self.structure),
-            points=points,
-            logp=logp,
-            grad=grad_logp,
-            positions=new_mean + flow.deviations(new_factors, noise, self.structure),
-            updates=updates,
-            hyper_grads=[-h / s for h in hyper],
+        mean, factors = self.approx.shared_mean, self.approx.shared_factors
+        if not options.auto:
+            s = self.resolved_draws(options)
+            noise = [standard_normal(self.noise_rng, (s, f.type.shape[-1])) for f in factors]
+            natural_mean = resolve_natural_mean(self.natural_mean, options)
+            return step.fixed_step(
+                mean, factors, noise, self.target, self.structure, natural_mean, options,
+                self.learning_rates, s,
+            )  # fmt: skip
+        if self.natural_mean is False:
+            raise ValueError(
+                "natural_mean=False needs a fixed learning_rate: the automatic step size "
+                "uses natural-gradient steps. Drop natural_mean or pass a learning_rate."
+            )
+        pairs = self._pairs(options)
+        if self.structure.diagonal:
+            draws = standard_normal(self.noise_rng, (pairs, self.target.ndim))
+            noise = [flow.standardised_antithetic(draws)]
+        else:
+            noise = [
+                flow.whitened_antithetic(standard_normal(self.noise_rng, (pairs, f.type.shape[-1])))
+                for f in factors
+            ]
+        recorded = pytensor.shared(
+            np.asarray(np.inf, dtype=self.target.dtype), name="gf_free_energy"
+        )
+        return step.natural_step(
+            mean, factors, recorded, noise, self.target, self.structure, self.learning_rates[0]
         )
 
     def _evaluations_per_step(self) -> tuple[int, int]:
         return self.resolved_draws(self.fit_options), 0
-
-    def _natural_step(self, options: FitOptions) -> StepGraph:
-        approx = self.approx
-        mean, factors = approx.shared_mean, approx.shared_factors
-        pairs = self._pairs(options)
-        if self.structure.diagonal:
-            noise = [flow.standardised_antithetic(self.standard_normal((pairs, self.target.ndim)))]
-        else:
-            noise = [
-                flow.whitened_antithetic(self.standard_normal((pairs, f.type.shape[-1])))
-                for f in factors
-            ]
-        deviations = flow.deviations(factors, noise, self.structure)
-        points = mean + deviations
-        logp, grad_logp, _ = self.target.logp_and_grads(points)
-        free_energy = flow.free_energy(logp, factors, self.structure)
-        shift, directions, dec_mean, dec_cov, spectral = flow.natural_directions(
-            -grad_logp, noise, factors, self.structure
-        )
-        rank = sum(f.type.shape[-1] for f in factors)
-        step = self.learning_rates[0]
-        eta_mean = cap(step, pt.sqrt(dec_mean), float(np.sqrt(rank)))
-        eta_factor = cap(0.5 * step, spectral, MAX_SCALE_STEP)
-        new_mean = mean - eta_mean * shift
-        new_factors = [f - eta_factor * d for f, d in zip(factors, directions, strict=True)]
-        accepted = pt.isfinite(free_energy) & pt.all(pt.isfinite(new_mean))
-        for f in new_factors:
-            accepted = accepted & pt.all(pt.isfinite(f))
-        previous = pytensor.shared(
-            np.asarray(np.inf, dtype=self.target.dtype), name="gf_free_energy"
-        )
-
-        def keep(new, old):
-            return pt.switch(accepted, new, old).astype(old.dtype)
-
-        recorded = keep(free_energy, previous)
-        updates = {mean: keep(new_mean, mean), previous: recorded}
-        updates.update({f: keep(nf, f) for f, nf in zip(factors, new_factors, strict=True)})
-        return StepGraph(
-            free_energy=recorded,
-            points=points,
-            logp=logp,
-            grad=grad_logp,
-            positions=updates[mean]
-            + flow.deviations([updates[f] for f in factors], noise, self.structure),
-            updates=updates,
-            info={"accepted": accepted, "step_size": eta_mean, "decrement": dec_mean + dec_cov},
-            guarded=False,
-        )

@@ -15,8 +15,11 @@ reported through ``counts``, so the method can skip them.
 
 from __future__ import annotations
 
+import numpy as np
+import pytensor
 import pytensor.tensor as pt
 
+from pytensor.gradient import disconnected_grad
 from pytensor.graph.basic import Variable
 
 from pymc_gpf.gaussian import LOG_2PI
@@ -25,12 +28,15 @@ __all__ = [
     "accepted_draws",
     "cell_elbos",
     "cell_log_mass",
+    "cell_weights",
+    "hyper_grads",
     "local_draws",
     "local_gradients",
     "local_logq",
     "mixture_elbo",
     "nearest_particle",
     "particle_direction",
+    "running_log_mean",
 ]
 
 
@@ -147,3 +153,29 @@ def mixture_elbo(elbos: Variable, weights: Variable) -> Variable:
     used = weights > 0
     safe = pt.switch(used, weights, 1.0)
     return pt.sum(pt.switch(used, weights * (elbos - pt.log(safe)), 0.0))
+
+
+def cell_weights(log_mass: pt.TensorVariable, count: pt.TensorVariable) -> pt.TensorVariable:
+    """Normalised ``beta`` from the running estimates; cells never estimated get 0."""
+    seen = count > 0
+    log_est = pt.switch(seen, log_mass - pt.log(pt.switch(seen, count, 1.0)), -pt.inf)
+    return pt.special.softmax(log_est)
+
+
+def running_log_mean(log_sum, count, new_log, keep, decay):
+    """Exponentially weighted running sum (log domain) and count, for cells where
+    ``keep``; an empty cell leaves its estimate as it was."""
+    top = pt.maximum(log_sum + np.log(decay), new_log)
+    summed = top + pt.log(pt.exp(log_sum + np.log(decay) - top) + pt.exp(new_log - top))
+    return pt.switch(keep, summed, log_sum), pt.switch(keep, decay * count + 1.0, count)
+
+
+def hyper_grads(logp, accepted, weights, params) -> list:
+    """``d F / d theta = -sum_j beta_j E_q~j[d log p / d theta]`` (q and beta held fixed),
+    the expectation over each cell's accepted draws."""
+    if not params:
+        return []
+    acc = pt.cast(accepted, logp.dtype)
+    share = acc * (weights / pt.maximum(pt.sum(acc, axis=1), 1.0))[:, None]
+    weighted = pt.sum(disconnected_grad(share) * logp)
+    return [-g for g in pytensor.grad(weighted, list(params))]

@@ -281,7 +281,7 @@ def test_logq_is_the_normalised_mixture_density(standard_normal):
     grid = np.linspace(-10, 10, 40_001)[:, None]
     density = np.exp(approx.logq(grid, random_seed=0))
     assert np.trapezoid(density, grid[:, 0]) == pytest.approx(1.0, abs=0.01)
-    draws = approx.inference.approx._draw(30_000, np.random.default_rng(0))
+    draws = approx.inference.approx.draw(30_000, np.random.default_rng(0))
     cells = np.argmin((draws - approx.particles.T) ** 2, axis=1)
     np.testing.assert_allclose(
         np.bincount(cells, minlength=3) / 30_000,

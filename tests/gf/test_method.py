@@ -81,7 +81,7 @@ def test_free_energy_falls_to_minus_log_evidence(full_rank):
 
 
 def test_logq_is_the_fitted_gaussian_density(full_rank):
-    draws = full_rank.inference.approx._draw(7, np.random.default_rng(0))
+    draws = full_rank.inference.approx.draw(7, np.random.default_rng(0))
     exact = multivariate_normal(full_rank.mean.eval(), full_rank.cov.eval()).logpdf(draws)
     np.testing.assert_allclose(full_rank.logq(draws), exact, rtol=1e-10)
     with pytest.raises(ValueError, match="10 columns"):
@@ -109,7 +109,7 @@ def test_mean_field_fixed_point_is_one_over_the_precision_diagonal(target):
     delta = approx.mean.eval() - mu
     assert np.sqrt(delta @ np.linalg.inv(cov) @ delta) < 0.1
     np.testing.assert_array_equal(approx.cov.eval(), np.diag(var))
-    draws = approx.inference.approx._draw(5, np.random.default_rng(0))
+    draws = approx.inference.approx.draw(5, np.random.default_rng(0))
     exact = multivariate_normal(approx.mean.eval(), np.diag(var)).logpdf(draws)
     np.testing.assert_allclose(approx.logq(draws), exact, rtol=1e-10)
 
@@ -135,7 +135,7 @@ def test_low_rank_finds_the_top_eigenvalues():
     np.testing.assert_allclose(top, eigenvalues[::-1][:3], rtol=0.03)
     assert np.linalg.norm(approx.mean.eval() - mu) < 0.05
     # q is degenerate: logq is the density on its 3-d support, -inf off it
-    draws = approx.inference.approx._draw(4, np.random.default_rng(1))
+    draws = approx.inference.approx.draw(4, np.random.default_rng(1))
     z = np.linalg.lstsq(factor, (draws - approx.mean.eval()).T, rcond=None)[0].T
     gram = factor.T @ factor
     exact = -0.5 * np.sum(z**2, 1) - 0.5 * np.linalg.slogdet(2 * np.pi * gram)[1]
@@ -174,7 +174,7 @@ def test_blocks_by_variable(regression_model):
     assert [f.shape for f in approx.factors] == [(1, 1), (1, 1), (1, 1)]
     cov = approx.cov.eval()
     np.testing.assert_array_equal(cov, np.diag(np.diag(cov)))
-    draws = approx.inference.approx._draw(5, np.random.default_rng(0))
+    draws = approx.inference.approx.draw(5, np.random.default_rng(0))
     exact = multivariate_normal(approx.mean.eval(), cov).logpdf(draws)
     np.testing.assert_allclose(approx.logq(draws), exact, rtol=1e-10)
     group = approx.sample(10, random_seed=0)["gf"]

@@ -1,0 +1,26 @@
+"""A method's constructor options: a frozen dataclass that checks and normalises itself.
+
+The engine reads a method's options from its config (``inference.n_particles``), saves
+``config.options()`` with a fit and rebuilds the method from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = ["MethodConfig"]
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """Base of the methods' configs; subclasses check their fields in ``__post_init__``."""
+
+    def options(self) -> dict[str, Any]:
+        """The options as JSON-able constructor keywords (what a saved fit rebuilds from)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def _normalise(self, **values: Any) -> None:
+        """Store checked values (``__post_init__`` of a frozen dataclass)."""
+        for name, value in values.items():
+            object.__setattr__(self, name, value)

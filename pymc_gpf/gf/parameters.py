@@ -1,0 +1,74 @@
+"""GF's parameters before the first step: the options checked, the default rank and number
+of draws, and the initial ``q = N(mu, Gamma Gamma^T)`` (NumPy)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from pymc_gpf.checks import is_integer
+from pymc_gpf.options import AUTO
+from pymc_gpf.structure import Structure
+
+__all__ = ["check_rank", "default_pairs", "default_rank", "draw_pairs", "initial_factors"]
+
+MAX_DEFAULT_RANK = 1000
+MIN_DEFAULT_PAIRS, MAX_DEFAULT_PAIRS = 10, 500
+
+
+def default_pairs(rank: int) -> int:
+    """Antithetic pairs of draws per step at the automatic step size: one per direction
+    of the factor (the whitened pairs are then a cubature rule exact to degree 3), at
+    least 10 and at most 500."""
+    return min(max(rank, MIN_DEFAULT_PAIRS), MAX_DEFAULT_PAIRS)
+
+
+def default_rank(ndim: int) -> int:
+    """Full rank ``D``, capped at :data:`MAX_DEFAULT_RANK` with a warning (memory ``D K``)."""
+    if ndim <= MAX_DEFAULT_RANK:
+        return ndim
+    warnings.warn(
+        f"The model has D = {ndim} unconstrained dimensions; the default GF factor has rank "
+        f"{MAX_DEFAULT_RANK} < D (a full-rank factor needs D^2 memory). Pass "
+        "inf_kwargs={'rank': K} to choose, or structure='diagonal' for mean field.",
+        UserWarning,
+        stacklevel=3,
+    )
+    return MAX_DEFAULT_RANK
+
+
+def draw_pairs(draws_per_step, ranks: list[int]) -> int:
+    """Antithetic pairs per step at the automatic step size: half of ``draws_per_step``
+    (rounded up), or :func:`default_pairs` of the largest block rank."""
+    if draws_per_step != AUTO:
+        return (int(draws_per_step) + 1) // 2
+    return default_pairs(max(ranks))
+
+
+def check_rank(rank: int | None, structure: Structure, ndim: int) -> int | None:
+    """``rank`` checked against the structure (``None`` for mean field), its default the full
+    rank."""
+    if structure.diagonal and rank is not None:
+        raise ValueError(
+            "rank applies to 'full' and block structures; structure='diagonal' has one "
+            "scale per coordinate. Drop rank= or choose another structure."
+        )
+    if rank is None and not structure.diagonal:
+        rank = default_rank(ndim)
+    if not structure.diagonal and not (is_integer(rank, 1) and rank <= ndim):
+        raise ValueError(
+            f"rank must be an integer between 1 and D = {ndim} (the number of unconstrained "
+            f"coordinates), got {rank!r}."
+        )
+    return rank
+
+
+def initial_factors(
+    structure: Structure, rank: int | None, scale: float, ndim: int, dtype: str
+) -> list[np.ndarray]:
+    """``Gamma`` per block: ``scale`` times the first ``K`` columns of the identity (mean
+    field: ``scale`` for every coordinate)."""
+    if structure.diagonal:
+        return [np.full(ndim, scale, dtype=dtype)]
+    return [scale * np.eye(len(b), min(rank, len(b)), dtype=dtype) for b in structure.blocks]

@@ -1,0 +1,208 @@
+"""The fit loop: call the compiled step, hand each result to the fit, show progress.
+
+PyMC's conventions: its progress bar, callbacks ``cb(approx, hist, i)`` that may raise
+``StopIteration``, and ``KeyboardInterrupt`` returning the fit so far.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pymc.progress_bar import CustomProgress
+from rich.console import Console
+from rich.progress import Progress, TextColumn
+
+from pymc_gpf.control import Outcome
+from pymc_gpf.failure import FailedStep, explain_failure
+from pymc_gpf.options import FitOptions
+from pymc_gpf.stepgraph import CompiledStep
+
+__all__ = ["LoopResult", "fit_outcome", "progress_text", "run", "run_steps"]
+
+logger = logging.getLogger("pymc_gpf")
+# numba compiles at the first call: tens of seconds for a model new to this machine, about a
+# second once its on-disk cache holds the step
+COMPILING = "compiling the step (cached on disk for the next run)…"
+
+
+@dataclass
+class LoopResult:
+    """What one run of the loop did: the free energies and step sizes of its ``done``
+    accepted steps, why it stopped, and the step (counted over all runs) that failed."""
+
+    free_energies: np.ndarray
+    step_sizes: np.ndarray
+    reason: str = "max_steps"
+    failure: int | None = None
+    rolled_back: bool = False  # the guard also dropped the step before the failed one
+
+
+def run_steps(
+    step: CompiledStep,
+    n: int,
+    *,
+    start: int,
+    title: str,
+    observe: Callable[[float, dict[str, float]], tuple[float, str | None]],
+    describe: Callable[[float, dict[str, float], str], str],
+    finish: Callable[[LoopResult], None],
+    callbacks: Sequence[Callable],
+    approx,
+    progressbar: bool,
+    theme,
+) -> LoopResult:
+    """At most ``n`` steps. ``observe(free_energy, info)`` returns the step size and a stop
+    code (or ``None``); ``describe(free_energy, info, stop)`` the progress text;
+    ``finish(result)`` records the steps done, whatever ends the loop."""
+    scores, sizes = np.full(n, np.nan), np.full(n, np.nan)
+    done = 0
+    result = LoopResult(scores, sizes)
+    try:
+        with CustomProgress(
+            *Progress.get_default_columns(),
+            TextColumn("{task.fields[loss]}"),
+            console=Console(theme=theme),
+            disable=not progressbar,
+        ) as progress:
+            task = progress.add_task(title, total=n, loss="" if step.calls else COMPILING)
+            for i in range(n):
+                free_energy, ok, *values = step()
+                info = dict(zip(step.info, (float(v) for v in values), strict=True))
+                if not ok:
+                    result.failure = start + i
+                    # the state before this step had a non-finite free energy, so the guard
+                    # rolled back one more step: its history entry goes too
+                    result.rolled_back = step.graph.guarded and not np.isfinite(free_energy)
+                    result.reason = "divergence"
+                    break
+                scores[i] = free_energy
+                sizes[i], stop = observe(float(free_energy), info)
+                done = i + 1
+                if done % 10 == 0 or done in (1, n) or stop is not None:
+                    progress.update(task, completed=done, loss=describe(free_energy, info, ""))
+                for callback in callbacks:
+                    callback(approx, scores[:done], start + done)
+                if stop is not None:
+                    result.reason = stop
+                    text = describe(free_energy, info, stop)
+                    progress.update(task, completed=n, loss=text)
+                    break
+    except StopIteration as stop:
+        logger.info(str(stop))
+        result.reason = "callback"
+    except KeyboardInterrupt:
+        logger.info("Interrupted at step %d; returning the fit so far.", start + done)
+        result.reason = "interrupted"
+    finally:
+        result.free_energies, result.step_sizes = scores[:done], sizes[:done]
+        finish(result)
+    return result
+
+
+def run(inference, n: int, progressbar: bool, theme) -> None:
+    """At most ``n`` steps of a fitted :class:`~pymc_gpf.engine.FlowInference` (its compiled
+    step, controller and callbacks in ``inference.state``): records the trace, the cost
+    and how the fit ended, raises on a failed step, warns when not converged."""
+    inference.control.resume()
+    start = inference.state.i
+    rate = inference._learning_rates
+
+    def observe(free_energy: float, info: dict[str, float]) -> tuple[float, str | None]:
+        size = info.get("step_size", float(rate.get_value()[0]))
+        grads, densities = inference._evaluations_per_step()
+        inference.gradient_evaluations += grads
+        inference.density_evaluations += densities
+        stop = inference.control.observe(free_energy, info)
+        observe.done += 1
+        if stop is not None:
+            stop = inference._on_stop(stop, start + observe.done)
+        return float(size), stop
+
+    observe.done = 0
+
+    def describe(free_energy: float, info: dict[str, float], stop: str) -> str:
+        why = inference.control.describe(stop) if stop else ""
+        return progress_text(
+            free_energy, info, inference.fit_options, why, float(rate.get_value()[0])
+        )
+
+    result = run_steps(
+        inference.state.step,
+        n,
+        start=start,
+        title=f"Fitting {inference.name.upper()}:",
+        observe=observe,
+        describe=describe,
+        finish=lambda result: _record(inference, result, n),
+        callbacks=inference.state.callbacks,
+        approx=inference.approx,
+        progressbar=progressbar,
+        theme=theme,
+    )
+    if result.failure is not None:
+        failed = FailedStep(
+            inference.name,
+            result.failure,
+            inference.state.step.diagnose(inference.target),
+            inference.fit_options,
+            inference.start_points,
+            inference.spread_option,
+            len(inference.hist),
+        )
+        raise explain_failure(failed, inference.target, inference.approx)
+    options = inference.fit_options
+    if inference.outcome.converged is False and result.reason not in ("callback", "interrupted"):
+        if n > 0 and (options.auto or options.tol is not None):
+            warnings.warn(
+                f"{inference.name.upper()} did not converge: {inference.outcome.message}",
+                UserWarning,
+                stacklevel=5,
+            )
+
+
+def _record(inference, result: LoopResult, n: int) -> None:
+    hist = np.concatenate([inference.hist, result.free_energies])
+    sizes = np.concatenate([inference.step_sizes, result.step_sizes])
+    if result.rolled_back and len(hist):
+        hist, sizes = hist[:-1], sizes[:-1]
+    inference.hist, inference.step_sizes = hist, sizes
+    inference.state = inference.state._replace(i=len(hist))
+    message = inference._describe(result.reason)
+    inference.outcome = fit_outcome(result.reason, n, len(hist), inference.fit_options, message)
+    inference.control.finish(result.reason)
+    if result.failure is None:
+        inference._finish(result.reason)
+
+
+def fit_outcome(reason: str, n: int, steps: int, options: FitOptions, message: str) -> Outcome:
+    """How a call of ``n`` steps ended, after ``steps`` steps in all; ``message`` is the
+    controller's description of ``reason``."""
+    converged: bool | None = reason in ("converged", "overfitting")
+    if reason == "max_steps":
+        message = f"{message} ({n} steps this call); continue with approx.refine(n)"
+        if not options.auto and options.tol is None:
+            converged = None  # nothing was tested
+            message = f"ran the {n} steps asked for (fixed step size, no stopping test)"
+    return Outcome(converged, reason, steps, message)
+
+
+def progress_text(
+    free_energy: float, info: dict[str, float], options: FitOptions, stop: str, rate: float
+) -> str:
+    """The progress bar's text: free energy, step size, distance to the fixed point."""
+    text = f"Free energy = {float(free_energy):,.6g}"
+    if "step_size" in info:
+        text += f", step {info['step_size']:.2g}"
+    if "decrement" in info and options.tol:
+        distance = math.sqrt(max(info["decrement"], 0.0))
+        text += f", distance {distance:.2g} (tol {options.tol:g})"
+    elif options.auto:
+        text += f", step {rate:.2g}"
+    return f"{text}; {stop.split(':')[0]}" if stop else text

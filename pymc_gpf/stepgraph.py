@@ -1,0 +1,260 @@
+"""One step of a method as a graph, and that graph compiled into one call per iteration.
+
+A method writes its step as pure functions of an explicit state (a ``NamedTuple`` of
+symbolic arrays, its fields named after the paper's quantities). :func:`share` holds a state
+in shared variables named after those fields, :func:`updates` pairs them with the next
+state, and :func:`compile_step` adds the optimiser of hyperparameters, the guard that keeps
+the last finite state, and compiles it all into one PyTensor function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, TypeVar
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.basic import Variable
+from pytensor.graph.traversal import ancestors
+from pytensor.tensor.random.type import RandomGeneratorType
+
+from pymc_gpf.optimizers import Transform, map_state, state_leaves
+from pymc_gpf.options import FitOptions
+from pymc_gpf.target import BatchedTarget, compile_function
+
+__all__ = [
+    "CompiledStep",
+    "StepGraph",
+    "compile_step",
+    "share",
+    "standard_normal",
+    "transform_direction",
+    "updates",
+    "values",
+]
+
+S = TypeVar("S", bound=NamedTuple)
+
+
+def standard_normal(rng: SharedVariable, shape: tuple[int, ...]) -> Variable:
+    """Fresh ``N(0, 1)`` draws in every step from the fit's own seeded generator ``rng``
+    (which continues across ``fit``/``refine`` calls)."""
+    # PyMC's compile collects the generator's update from the graph
+    _, draws = pt.random.normal(0.0, 1.0, size=shape, rng=rng, return_next_rng=True)
+    return draws
+
+
+def share[S: NamedTuple](
+    state: S, prefix: str, shape: Callable[[str, np.ndarray], tuple] | None = None
+) -> S:
+    """``state`` (NumPy arrays) held in shared variables named ``f"{prefix}_{field}"``;
+    ``shape(field, value)`` gives a static shape (``None`` for a dimension that may change,
+    e.g. the number of particles)."""
+    return type(state)(
+        *(
+            pytensor.shared(
+                value,
+                name=f"{prefix}_{name}",
+                shape=value.shape if shape is None else shape(name, value),
+            )
+            for name, value in zip(state._fields, state, strict=True)
+        )
+    )
+
+
+def updates[S: NamedTuple](shared: S, new: S) -> dict[SharedVariable, Variable]:
+    """The shared variables of a state paired with their next (symbolic) values."""
+    return {var: value.astype(var.dtype) for var, value in zip(shared, new, strict=True)}
+
+
+def values[S: NamedTuple](shared: S) -> S:
+    """The current values of a shared state (copies)."""
+    return type(shared)(*(var.get_value() for var in shared))
+
+
+def assign[S: NamedTuple](shared: S, state: S) -> None:
+    """Set a shared state to ``state``'s arrays."""
+    for var, value in zip(shared, state, strict=True):
+        var.set_value(np.asarray(value, dtype=var.dtype))
+
+
+@dataclass
+class StepGraph:
+    """One iteration of a method, symbolically.
+
+    ``free_energy`` is evaluated at the state *before* the update; ``points`` ``(K, D)`` are
+    where the step evaluates the log-density, ``logp``/``grad`` its values and gradients
+    there (to name variables when they are not finite); ``positions`` are the points the
+    step moves to, last axis ``D``; ``hyper_grads`` are the gradients of the free energy
+    with respect to ``more_obj_params``. Random draws in the step use
+    :func:`standard_normal`; their generator advances outside the guard.
+
+    ``info`` are scalars the controller reads after every step (``accepted``,
+    ``step_size``, ``decrement``, ...). A step that keeps its state finite itself (the
+    automatic step sizes accept or refuse a trial inside the graph) sets ``guarded=False``:
+    ``free_energy`` is then the value *after* the step and the engine adds no rollback.
+    """
+
+    free_energy: Variable
+    points: Variable
+    logp: Variable
+    grad: Variable
+    positions: Variable
+    updates: dict[Variable, Variable]
+    hyper_grads: list[Variable] = field(default_factory=list)
+    info: dict[str, Variable] = field(default_factory=dict)
+    guarded: bool = True
+
+
+@dataclass
+class CompiledStep:
+    """The compiled step (``() -> (free_energy, ok, *info)``) and the graph it came from."""
+
+    fn: Callable[[], list]
+    graph: StepGraph
+    options: FitOptions
+    info: tuple[str, ...] = ()
+    calls: int = 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.fn()
+
+    def diagnose(self, target: BatchedTarget) -> dict[str, np.ndarray]:
+        """Re-evaluate the step without applying it (after a rejection the kept state is
+        the one the step started from): per-point logp at the kept state and at the points
+        the step would move to, which coordinates have a non-finite gradient or new
+        position, and the largest gradient magnitude per coordinate. Compiled only when
+        needed, so the hot step stays small."""
+        g = self.graph
+        grad_axes = tuple(range(g.grad.ndim - 1))
+        new_points = g.positions.reshape((-1, g.positions.shape[-1]))
+        outputs = {
+            "points": g.points,
+            "logp": g.logp,
+            "bad_grad": pt.any(~pt.isfinite(g.grad), axis=grad_axes),
+            "bad_new": pt.any(~pt.isfinite(new_points), axis=0),
+            "max_grad": pt.max(pt.abs(g.grad), axis=grad_axes),
+            "new_points": new_points,
+            "new_logp": target.logp_and_grads(new_points)[0],
+        }
+        # diagnosing must not advance the step's random stream (reproducibility)
+        rngs = [v for v in ancestors(outputs.values()) if isinstance(v.type, RandomGeneratorType)]
+        saved = [rng.get_value(borrow=False) for rng in rngs]
+        try:
+            values = compile_function(
+                [],
+                list(outputs.values()),
+                self.options.compile_backend,
+                self.options.compile_kwargs,
+                random_seed=False,
+            )()
+        finally:
+            for rng, value in zip(rngs, saved, strict=True):
+                rng.set_value(value, borrow=True)
+        return {k: np.asarray(v) for k, v in zip(outputs, values, strict=True)}
+
+
+def transform_direction(
+    transform: Transform, direction: Variable, shape: tuple[int, ...], name: str
+) -> tuple[Variable, dict[SharedVariable, Variable]]:
+    """Run ``direction`` through ``transform`` with its state held in new shared variables.
+
+    The state's static shape follows ``direction``'s: a dimension unknown there (e.g. the
+    number of particles, so one compiled graph serves any number) stays unknown, except
+    axes the optimiser reduces to length 1, which must be static to broadcast."""
+    counter = iter(range(10**6))
+    static = direction.type.shape
+
+    def shared(value):
+        known = [
+            n if i >= len(static) or static[i] is not None or (n == 1 and shape[i] != 1) else None
+            for i, n in enumerate(value.shape)
+        ]
+        return pytensor.shared(value, name=f"{name}_opt{next(counter)}", shape=tuple(known))
+
+    state = map_state(shared, transform.init(tuple(shape)))
+    new_direction, new_state = transform.update(direction, state)
+    updates = {
+        s: new.astype(s.dtype)
+        for s, new in zip(state_leaves(state), state_leaves(new_state), strict=True)
+    }
+    return new_direction, updates
+
+
+def _add_state(state: dict[str, SharedVariable], key: str | None, var: SharedVariable) -> None:
+    """Register one variable of the fit's state (its key names it in a saved checkpoint)."""
+    if not key or key in state:
+        raise RuntimeError(f"state variable {var!r} needs a unique name, got {key!r}")
+    state[key] = var
+
+
+def _learn_hyperparameters(
+    graph: StepGraph, options: FitOptions, rate: Variable, updates: dict, keys: dict
+) -> None:
+    """Descend the free energy in ``more_obj_params`` (fixed step sizes only)."""
+    pairs = zip(options.more_obj_params, graph.hyper_grads, strict=True)
+    for i, (theta, grad) in enumerate(pairs):
+        shape = np.shape(theta.get_value())
+        direction, opt_updates = transform_direction(options.chain(), grad, shape, f"hyper{i}")
+        updates[theta] = (theta - rate * direction).astype(theta.dtype)
+        updates.update(opt_updates)
+        keys.update({var: var.name for var in opt_updates})
+        keys[theta] = f"hyper{i}"  # the user's variable: its name may be None or clash
+
+
+def _guard(graph: StepGraph, updates: dict, keys: dict, state: dict):
+    """Accept only a finite step from a state with a finite free energy. A step is
+    rejected when the new state is not finite (the state stays) or when the current
+    state turns out to have a non-finite free energy (roll back to the previous one),
+    so the state kept always has a finite free energy: the last good one."""
+    here_ok = pt.isfinite(graph.free_energy)
+    next_ok = here_ok
+    for value in updates.values():
+        next_ok = next_ok & pt.all(pt.isfinite(value))
+    guarded = {}
+    for var, value in updates.items():
+        key = keys[var]
+        previous = pytensor.shared(var.get_value(), name=f"{key}_previous")
+        guarded[var] = pt.switch(next_ok, value, pt.switch(here_ok, var, previous))
+        guarded[previous] = pt.switch(next_ok, var, previous)
+        _add_state(state, key, var)
+        _add_state(state, previous.name, previous)
+    return guarded, next_ok
+
+
+def compile_step(
+    graph: StepGraph, options: FitOptions, learning_rates: SharedVariable
+) -> tuple[CompiledStep, dict[str, SharedVariable]]:
+    """The step as one compiled call, and every shared variable of the fit's state by the
+    name a saved checkpoint gives it."""
+    step_updates = dict(graph.updates)
+    keys = {var: var.name for var in step_updates}
+    _learn_hyperparameters(graph, options, learning_rates[0], step_updates, keys)
+    state = {learning_rates.name: learning_rates}
+    if graph.guarded:
+        step_updates, ok = _guard(graph, step_updates, keys, state)
+    else:
+        ok = pt.isfinite(graph.free_energy)
+        for var in step_updates:
+            _add_state(state, keys[var], var)
+    info = dict(graph.info)
+    fn = compile_function(
+        [],
+        [graph.free_energy, ok, *info.values()],
+        options.compile_backend,
+        options.compile_kwargs,
+        updates=step_updates,
+        random_seed=False,  # noise_rng is seeded by us and continues across compiles
+    )
+    fn.trust_input = True
+    return CompiledStep(fn, graph, options, tuple(info)), state
+
+
+def as_names(fields: Sequence[str], prefix: str) -> list[str]:
+    """The checkpoint names of a state's fields."""
+    return [f"{prefix}_{name}" for name in fields]

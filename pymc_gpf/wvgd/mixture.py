@@ -1,0 +1,138 @@
+"""WVGD's fitted q in NumPy: the mixture ``sum_j beta_j q~_j`` of local Gaussians, each
+truncated to its particle's Voronoi cell (Ambrogioni et al. 2018, eq. 8, 10, 22-23).
+
+:class:`MixtureQ` is to WVGD what :class:`pymc_gpf.gaussian.GaussianQ` is to GPF and GF: the
+approximation draws from it and evaluates its density.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from pymc_gpf.checks import seed_sequence
+from pymc_gpf.gaussian import LOG_2PI
+
+__all__ = ["EMPTY_LOG_MASS", "MixtureProposal", "MixtureQ", "estimate_log_mass", "nearest"]
+
+EMPTY_LOG_MASS = -1e300  # "no estimate yet": finite, so the step guard accepts it
+
+
+def nearest(points: np.ndarray, particles: np.ndarray) -> np.ndarray:
+    """NumPy twin of :func:`pymc_gpf.wvgd.flow.nearest_particle`."""
+    sq = (points**2).sum(1)[:, None] - 2 * points @ particles.T + (particles**2).sum(1)
+    return np.argmin(sq, axis=1)
+
+
+def normalised_weights(log_mass: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """``beta_j`` from the running estimates (cells never estimated get 0; uniform before
+    the first step)."""
+    seen = count > 0
+    if not seen.any():
+        return np.full(len(count), 1.0 / len(count))
+    log_est = np.where(seen, log_mass - np.log(np.where(seen, count, 1)), -np.inf)
+    weights = np.exp(log_est - log_est.max())
+    return weights / weights.sum()
+
+
+@dataclass(frozen=True)
+class MixtureQ:
+    """``sum_j beta_j q~_j``: ``particles`` ``z_j`` ``(J, D)``, the local Gaussians'
+    ``means`` and ``scales`` ``(J, D)``, the cell ``weights`` ``beta`` and each cell's running
+    ``acceptance`` rate (``nan`` before any step; it sizes the rejection sampler's batches)."""
+
+    particles: np.ndarray
+    means: np.ndarray
+    scales: np.ndarray
+    weights: np.ndarray
+    acceptance: np.ndarray
+
+    def sample(self, draws: int, rng: np.random.Generator) -> np.ndarray:
+        """Choose a cell by ``beta``, then rejection-sample its local Gaussian inside it."""
+        particles, means, scales = self.particles, self.means, self.scales
+        d = particles.shape[1]
+        counts = rng.multinomial(draws, self.weights)
+        out = np.empty((draws, d), dtype=particles.dtype)
+        rates = np.maximum(np.nan_to_num(self.acceptance, nan=1.0), 1e-3)
+        filled = 0
+        for cell in np.flatnonzero(counts):
+            need, tries = counts[cell], 0
+            while need > 0:
+                batch = max(2 * need, int(need / rates[cell]))
+                x = means[cell] + scales[cell] * rng.standard_normal((batch, d))
+                keep = x[nearest(x, particles) == cell][:need]
+                out[filled : filled + len(keep)] = keep
+                filled += len(keep)
+                need -= len(keep)
+                tries += 1
+                if tries > 1000 and need > 0:
+                    raise RuntimeError(
+                        f"WVGD sampling: cell {cell} accepts almost none of its local "
+                        "Gaussian's draws (its particle lies outside the Gaussian's mass); "
+                        "fit longer or with more draws_per_particle."
+                    )
+        return out[rng.permutation(draws)]
+
+    def location(self) -> tuple[np.ndarray, np.ndarray]:
+        """q's approximate mean (the cell-weighted particles) in units of its sd (the spread
+        of the particles plus the local variances), and the log of that sd, with their
+        units: what the stochastic stopping test watches."""
+        weights = self.weights[:, None]
+        mean = np.sum(weights * self.particles, axis=0)
+        spread = np.square(self.particles - mean) + np.square(self.scales)
+        sd = np.sqrt(np.maximum(np.sum(weights * spread, 0), 1e-300))
+        return np.concatenate([mean, np.log(sd)]), np.concatenate([sd, np.ones_like(sd)])
+
+    def logpdf(self, points: np.ndarray, rng: np.random.Generator, n_draws: int) -> np.ndarray:
+        """``log beta_j + log q_j(x) - log Z_j`` for the cell ``j`` containing ``x``, the
+        normalisers ``Z_j = q_j(L_j)`` estimated from ``n_draws`` draws of each ``q_j``."""
+        particles, means, scales = self.particles, self.means, self.scales
+        log_z = np.empty(len(particles))
+        for j in range(len(particles)):
+            x = means[j] + scales[j] * rng.standard_normal((n_draws, particles.shape[1]))
+            log_z[j] = np.log(np.mean(nearest(x, particles) == j))
+        cell = nearest(points, particles)
+        z = (points - means[cell]) / scales[cell]
+        local = -0.5 * np.sum(z**2 + LOG_2PI, axis=1) - np.sum(np.log(scales[cell]), axis=1)
+        with np.errstate(divide="ignore"):
+            return np.log(self.weights[cell]) + local - log_z[cell]
+
+
+class MixtureProposal:
+    """:class:`MixtureQ` as an importance-sampling proposal: its density's cell normalisers
+    are estimated from the caller's random stream."""
+
+    def __init__(self, q: MixtureQ, rng: np.random.Generator, n_draws: int = 100_000):
+        self.q, self.rng, self.n_draws = q, rng, n_draws
+
+    def sample(self, draws: int, rng: np.random.Generator) -> np.ndarray:
+        return self.q.sample(draws, rng)
+
+    def logpdf(self, points: np.ndarray) -> np.ndarray:
+        rng = np.random.default_rng(seed_sequence(self.rng))
+        return self.q.logpdf(points, rng, self.n_draws)
+
+
+def estimate_log_mass(
+    q: MixtureQ, log_density: Callable[[np.ndarray], np.ndarray], draws: int, rng
+) -> tuple[np.ndarray, int]:
+    """Each cell's posterior mass (eq. 10) from ``draws`` fresh draws of its local Gaussian
+    and ``log_density`` (the authors' post-processing): the log masses (``EMPTY_LOG_MASS``
+    for a cell none of whose draws fell in it) and the number of densities evaluated."""
+    particles, means, scales = q.particles, q.means, q.scales
+    log_mass = np.full(len(particles), EMPTY_LOG_MASS)
+    evaluated = 0
+    for j in range(len(particles)):
+        eps = rng.standard_normal((draws, particles.shape[1]))
+        x = means[j] + scales[j] * eps
+        keep = nearest(x, particles) == j
+        if not keep.any():
+            continue
+        log_q = -0.5 * np.sum(eps[keep] ** 2 + LOG_2PI, axis=1) - np.sum(np.log(scales[j]))
+        ratio = log_density(x[keep]) - log_q
+        evaluated += int(keep.sum())
+        top = np.max(ratio)
+        log_mass[j] = top + np.log(np.sum(np.exp(ratio - top)) / draws)
+    return log_mass, evaluated

@@ -1,0 +1,195 @@
+"""One WVGD step as a pure function of an explicit state (Ambrogioni et al. 2018, §5-8):
+evaluate the cells (:func:`evaluate`), then move the particles and local Gaussians with the
+fit's optimiser and fixed step sizes (:func:`fixed_step`, eq. 20-21) or by natural-gradient
+moves inside a trust region (:func:`natural_step`, the automatic step size). The equations
+are :mod:`pymc_gpf.wvgd.flow`."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import pytensor.tensor as pt
+
+from pytensor.graph.basic import Variable
+
+from pymc_gpf.options import FitOptions
+from pymc_gpf.stepgraph import transform_direction
+from pymc_gpf.target import BatchedTarget
+from pymc_gpf.wvgd import flow
+from pymc_gpf.wvgd.mixture import EMPTY_LOG_MASS
+
+__all__ = ["Cells", "WVGDState", "evaluate", "fixed_step", "init_state", "natural_step"]
+
+# trust region of the automatic step: a local mean moves at most 0.2 local sds per step and
+# coordinate, a local sd changes by at most a factor e^0.1
+MAX_MEAN_STEP, MAX_LOG_SCALE_STEP = 0.2, 0.1
+MIN_ACCEPTANCE = 0.02  # below it a cell's local Gaussian is re-centred on its particle
+
+
+class WVGDState(NamedTuple):
+    """The particles ``z_j``, their local Gaussians ``N(m_j, diag(exp(2 log s_j)))`` (the
+    fitted q), and the running importance-sampling estimates (exponentially weighted over
+    steps): each cell's log posterior mass and its weight count, its accepted-draw rate, and
+    its ELBO."""
+
+    particles: Variable  # (J, D)
+    local_means: Variable  # (J, D)
+    local_log_scales: Variable  # (J, D)
+    log_mass: Variable  # (J,)
+    mass_count: Variable  # (J,)
+    accepted_sum: Variable  # (J,)
+    step_count: Variable  # ()
+    cell_elbos: Variable  # (J,)
+
+
+def init_state(particles: np.ndarray, local_scale: float) -> WVGDState:
+    """Local Gaussians centred on the particles with sd ``local_scale``; no estimates yet."""
+    j, d = particles.shape
+    dtype = particles.dtype
+    return WVGDState(
+        particles,
+        particles.copy(),
+        np.full((j, d), np.log(local_scale), dtype=dtype),
+        np.full(j, EMPTY_LOG_MASS, dtype=dtype),
+        np.zeros(j, dtype=dtype),
+        np.zeros(j, dtype=dtype),
+        np.zeros((), dtype=dtype),
+        np.zeros(j, dtype=dtype),
+    )
+
+
+def check_particles(particles, dtype: str, labels: list[str]) -> np.ndarray:
+    """Explicit starting particles ``(J, D)``, checked."""
+    particles = np.array(particles, dtype=dtype)
+    d = len(labels)
+    if particles.ndim != 2 or particles.shape[1] != d or not len(particles):
+        raise ValueError(
+            f"initial_particles must have shape (J, {d}) (flat unconstrained "
+            f"coordinates {labels}), got {particles.shape}."
+        )
+    if not np.all(np.isfinite(particles)):
+        raise ValueError("initial_particles contains non-finite values.")
+    return particles
+
+
+class Cells(NamedTuple):
+    """What one evaluation says about the cells: the draws' log-densities and gradients
+    (flat, for diagnostics), which draws each cell accepted, the cell weights ``beta``, the
+    free energy and the directions of the particles, local means and log-scales."""
+
+    points: Variable  # (J M, D)
+    logp: Variable  # (J, M)
+    grad: Variable  # (J, M, D)
+    accepted: Variable  # (J, M)
+    has: Variable  # (J,) any accepted draw
+    rate: Variable  # (J,) acceptance rate this step
+    weights: Variable
+    free_energy: Variable
+    directions: tuple[Variable, Variable, Variable]
+
+
+def evaluate(
+    state: WVGDState, noise: Variable, m: int, target: BatchedTarget, decay: float
+) -> tuple[WVGDState, Cells]:
+    """Draw ``m_j + s_j * noise`` ``(J, M, D)`` (``M = m``), evaluate them in one batched
+    call, keep each cell's own (rejection sampling of ``q~_j``), and update the running
+    estimates. Returns
+    the state with its estimates updated (particles and local Gaussians unchanged) and the
+    cells' statistics."""
+    particles, means, log_scales = state.particles, state.local_means, state.local_log_scales
+    j, d = particles.shape[0], target.ndim
+    draws = flow.local_draws(means, log_scales, noise)
+    points = draws.reshape((j * m, d))
+    logp, grad_logp, _ = target.logp_and_grads(points)
+    logp, grad_logp = logp.reshape((j, m)), grad_logp.reshape((j, m, d))
+    logq = flow.local_logq(log_scales, noise)
+    accepted = flow.accepted_draws(draws, particles)
+    has = pt.any(accepted, axis=1)
+    log_mass, count = flow.running_log_mean(
+        state.log_mass, state.mass_count, flow.cell_log_mass(logp, logq, accepted), has, decay
+    )
+    rate = pt.mean(pt.cast(accepted, logp.dtype), axis=1)
+    elbos = pt.switch(has, flow.cell_elbos(logp, logq, accepted), state.cell_elbos)
+    weights = flow.cell_weights(log_mass, count)
+    estimated = state._replace(
+        log_mass=log_mass,
+        mass_count=count,
+        accepted_sum=decay * state.accepted_sum + rate,
+        step_count=decay * state.step_count + 1.0,
+        cell_elbos=elbos,
+    )
+    d_means, d_log_scales = flow.local_gradients(grad_logp, noise, log_scales, accepted)
+    # with pm.Minibatch data log p is a noisy estimate, and exp of it a biased one: the
+    # centroid then weights the cell's accepted draws equally (q~_j's own mean, the
+    # "biased" centroid of the authors' code), which the local fit keeps consistent
+    centroid_logp = logq if target.minibatch else logp
+    d_particles = flow.particle_direction(particles, draws, centroid_logp, logq, accepted)
+    # with no accepted draw in any cell the bound is stale and nothing can move
+    # (e.g. local Gaussians thrown far off by a too-large step)
+    free_energy = pt.switch(pt.any(has), -flow.mixture_elbo(elbos, weights), np.nan)
+    cells = Cells(
+        points, logp, grad_logp, accepted, has, rate, weights, free_energy,
+        (d_particles, d_means, d_log_scales),
+    )  # fmt: skip
+    return estimated, cells
+
+
+def fixed_step(
+    estimated: WVGDState, cells: Cells, options: FitOptions, rates: tuple[Variable, Variable]
+) -> tuple[WVGDState, dict]:
+    """Eq. 20-21 with the fit's optimiser (dimension-wise Adam by default) and the fixed
+    step sizes ``rates = (eta1, eta2)`` of the particles and the local Gaussians; a cell
+    without accepted draws keeps its particle and local Gaussian this step. Returns the new
+    state and the optimiser's updates."""
+    eta1, eta2 = rates
+    moved, opt_updates = [], {}
+    fields = (estimated.particles, estimated.local_means, estimated.local_log_scales)
+    for var, direction, eta in zip(fields, cells.directions, (eta1, eta2, eta2), strict=True):
+        chain = options.chain(particle_axes=(0,))
+        shape = var.get_value().shape
+        direction, updates = transform_direction(chain, direction, shape, var.name)
+        opt_updates.update(updates)
+        moved.append(pt.switch(cells.has[:, None], var - eta * direction, var))
+    new = estimated._replace(particles=moved[0], local_means=moved[1], local_log_scales=moved[2])
+    return new, opt_updates
+
+
+def natural_step(
+    state: WVGDState, estimated: WVGDState, cells: Cells, step: Variable, recorded: Variable
+) -> tuple[WVGDState, Variable, Variable]:
+    """Natural-gradient moves (the automatic step size): each particle moves a fraction
+    ``eta`` of the way to its cell's centroid (a damped Lloyd step, eq. 20), each local
+    Gaussian ``N(m, s^2)`` by its Fisher-preconditioned gradient ``(s^2 d_m, d_log_s / 2)``
+    scaled by the cell's acceptance rate (few accepted draws: a poor estimate) and capped
+    per coordinate at 0.2 local sds for the mean and a factor ``e^0.1`` for the scale; a
+    local Gaussian that accepts under 2 % of its draws is re-centred on its particle.
+    The base ``step`` comes from :class:`pymc_gpf.control.Stochastic`. A non-finite step is
+    refused (the whole state and the ``recorded`` free energy kept; the schedule then
+    shrinks the step). Returns the new state, the free energy to record and whether the
+    step was accepted."""
+    particles, means, log_scales = state.particles, state.local_means, state.local_log_scales
+    d_particles, d_means, d_log_scales = cells.directions
+    acceptance = cells.rate
+    scale = pt.exp(log_scales)
+    local_step = step * acceptance[:, None]
+    mean_step = local_step * pt.square(scale) * d_means
+    mean_step = mean_step / pt.maximum(1.0, pt.abs(mean_step) / (MAX_MEAN_STEP * scale))
+    scale_step = pt.clip(0.5 * local_step * d_log_scales, -MAX_LOG_SCALE_STEP, MAX_LOG_SCALE_STEP)
+    # a local Gaussian whose draws almost all land in other cells (the cells moved)
+    # cannot improve from its own draws: it starts again on its particle
+    orphan = (acceptance < MIN_ACCEPTANCE)[:, None]
+    moves = (
+        particles - 0.5 * pt.minimum(step, 1.0) * d_particles,
+        pt.switch(orphan, particles, means - mean_step),
+        log_scales - scale_step,
+    )
+    accepted = pt.any(cells.has) & pt.isfinite(cells.free_energy)
+    for new in moves:
+        accepted = accepted & pt.all(pt.isfinite(new))
+    kept = [pt.switch(accepted, new, old) for new, old in zip(estimated, state, strict=True)]
+    has = cells.has[:, None]
+    for i, (new, movable) in enumerate(zip(moves, (has, has | orphan, has), strict=True)):
+        kept[i] = pt.switch(accepted & movable, new, state[i])
+    recorded_new = pt.switch(accepted, cells.free_energy, recorded)
+    return WVGDState(*kept), recorded_new, accepted
