@@ -27,14 +27,19 @@ from pytensor.graph.basic import Variable
 __all__ = [
     "SGD",
     "AdaGrad",
+    "AdaGradState",
     "Adam",
+    "AdamState",
     "Momentum",
+    "MomentumState",
     "Optimizer",
     "RMSProp",
+    "RMSPropState",
     "Transform",
     "chain",
     "clip_by_norm",
     "map_state",
+    "named_leaves",
     "resolve",
     "scale",
     "scale_by_adagrad",
@@ -84,15 +89,32 @@ def clip_by_norm(max_norm: float) -> Transform:
     return Transform(lambda shape: (), update)
 
 
+class MomentumState(NamedTuple):
+    momentum: Variable
+
+
+class AdamState(NamedTuple):
+    count: Variable
+    mu: Variable  # first moment
+    nu: Variable  # second moment (reduced over the shared axes)
+
+
+class RMSPropState(NamedTuple):
+    nu: Variable
+
+
+class AdaGradState(NamedTuple):
+    sum_of_squares: Variable
+
+
 def scale_by_momentum(beta: float = 0.9) -> Transform:
     """Heavy-ball momentum: ``m <- beta m + u``; linear, hence affine-preserving."""
 
     def update(u, state):
-        (m,) = state
-        m = beta * m + u
-        return m, (m,)
+        m = beta * state.momentum + u
+        return m, MomentumState(m)
 
-    return Transform(lambda shape: (_zeros(shape),), update)
+    return Transform(lambda shape: MomentumState(_zeros(shape)), update)
 
 
 def scale_by_adam(
@@ -102,7 +124,8 @@ def scale_by_adam(
     axes (dimension-wise Adam, Alg. A2)."""
 
     def init(shape):
-        return (np.zeros((), dtype="float64"), _zeros(shape), _zeros(_reduced(shape, shared_axes)))
+        zeros = np.zeros((), dtype="float64")
+        return AdamState(zeros, _zeros(shape), _zeros(_reduced(shape, shared_axes)))
 
     def update(u, state):
         count, m, v = state
@@ -111,7 +134,7 @@ def scale_by_adam(
         v = b2 * v + (1 - b2) * _mean_square(u, shared_axes)
         m_hat = m / (1 - b1**count)
         v_hat = v / (1 - b2**count)
-        return (m_hat / (pt.sqrt(v_hat) + eps)).astype(u.dtype), (count, m, v)
+        return (m_hat / (pt.sqrt(v_hat) + eps)).astype(u.dtype), AdamState(count, m, v)
 
     return Transform(init, update)
 
@@ -122,22 +145,20 @@ def scale_by_rmsprop(
     """RMSProp (App. H, Alg. A5); dimension-wise with ``shared_axes`` (Alg. A6)."""
 
     def update(u, state):
-        (v,) = state
-        v = decay * v + (1 - decay) * _mean_square(u, shared_axes)
-        return u / (pt.sqrt(v) + eps), (v,)
+        v = decay * state.nu + (1 - decay) * _mean_square(u, shared_axes)
+        return u / (pt.sqrt(v) + eps), RMSPropState(v)
 
-    return Transform(lambda shape: (_zeros(_reduced(shape, shared_axes)),), update)
+    return Transform(lambda shape: RMSPropState(_zeros(_reduced(shape, shared_axes))), update)
 
 
 def scale_by_adagrad(eps: float = 1e-8, shared_axes: Sequence[int] = ()) -> Transform:
     """AdaGrad (App. H, Alg. A3); dimension-wise with ``shared_axes`` (Alg. A4)."""
 
     def update(u, state):
-        (v,) = state
-        v = v + _mean_square(u, shared_axes)
-        return u / (pt.sqrt(v) + eps), (v,)
+        v = state.sum_of_squares + _mean_square(u, shared_axes)
+        return u / (pt.sqrt(v) + eps), AdaGradState(v)
 
-    return Transform(lambda shape: (_zeros(_reduced(shape, shared_axes)),), update)
+    return Transform(lambda shape: AdaGradState(_zeros(_reduced(shape, shared_axes))), update)
 
 
 def chain(*transforms: Transform) -> Transform:
@@ -157,10 +178,24 @@ def chain(*transforms: Transform) -> Transform:
 
 
 def map_state(fn: Callable, state):
-    """Apply ``fn`` to every array of a (nested tuple) optimiser state."""
+    """Apply ``fn`` to every array of a (nested tuple) optimiser state, keeping its types."""
+    if hasattr(state, "_fields"):
+        return type(state)(*(map_state(fn, s) for s in state))
     if isinstance(state, tuple):
         return tuple(map_state(fn, s) for s in state)
     return fn(state)
+
+
+def named_leaves(state, prefix: str) -> list[tuple[str, object]]:
+    """The arrays of a (nested tuple) optimiser state with names from their state types'
+    fields, e.g. ``f"{prefix}_adam_mu"``, in the order of :func:`state_leaves`."""
+    if hasattr(state, "_fields"):
+        kind = type(state).__name__.removesuffix("State").lower()
+        fields = zip(state._fields, state, strict=True)
+        return [(f"{prefix}_{kind}_{field}", leaf) for field, leaf in fields]
+    if isinstance(state, tuple):
+        return [pair for s in state for pair in named_leaves(s, prefix)]
+    return [(prefix, state)]
 
 
 def state_leaves(state) -> list:

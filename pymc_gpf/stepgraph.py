@@ -22,7 +22,7 @@ from pytensor.graph.basic import Variable
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.random.type import RandomGeneratorType
 
-from pymc_gpf.optimizers import Transform, map_state, state_leaves
+from pymc_gpf.optimizers import Transform, map_state, named_leaves, state_leaves
 from pymc_gpf.options import FitOptions
 from pymc_gpf.target import BatchedTarget, compile_function
 
@@ -167,17 +167,18 @@ def transform_direction(
     The state's static shape follows ``direction``'s: a dimension unknown there (e.g. the
     number of particles, so one compiled graph serves any number) stays unknown, except
     axes the optimiser reduces to length 1, which must be static to broadcast."""
-    counter = iter(range(10**6))
     static = direction.type.shape
+    values = transform.init(tuple(shape))
+    names = iter([leaf_name for leaf_name, _ in named_leaves(values, name)])
 
     def shared(value):
         known = [
             n if i >= len(static) or static[i] is not None or (n == 1 and shape[i] != 1) else None
             for i, n in enumerate(value.shape)
         ]
-        return pytensor.shared(value, name=f"{name}_opt{next(counter)}", shape=tuple(known))
+        return pytensor.shared(value, name=next(names), shape=tuple(known))
 
-    state = map_state(shared, transform.init(tuple(shape)))
+    state = map_state(shared, values)
     new_direction, new_state = transform.update(direction, state)
     updates = {
         s: new.astype(s.dtype)
