@@ -11,6 +11,10 @@ FullRankADVI: ``obj_n_mc``, SVGD: its particles).
 flat unconstrained space (column order ``pymc_gpf.BatchedTarget(model).labels``, which is
 also PyMC's ``approx.mean`` order).
 
+:class:`Settings` is every experiment's settings: one declaration per field with its
+``--quick`` and full values (:func:`quick_full`). :func:`pymc_specs`, :func:`pymc_optimizer`
+and :func:`select_specs` build the experiments' method lists.
+
 Also here: the PyTensor backend of the run (:func:`set_backend`; ``--quick`` uses ``"c"``,
 which compiles several times faster cold), Gaussian targets with closed-form moments
 (:class:`GaussianTarget`, :func:`gaussian_model`), timing helpers and small report helpers
@@ -26,15 +30,52 @@ import sys
 import time
 import warnings
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
 PYMC_METHODS = ("advi", "fullrank_advi", "svgd")
 OURS = ("gpf", "gf", "wvgd")
+
+
+# ----------------------------------------------------------------------- settings
+@dataclass(frozen=True)
+class QuickFull:
+    """A setting's value in ``--quick`` and in the full run."""
+
+    quick: Any
+    full: Any
+
+
+def quick_full(quick: Any, full: Any) -> Any:
+    """The default of a :class:`Settings` field whose value depends on the mode."""
+    return QuickFull(quick, full)
+
+
+class Settings:
+    """Base of every experiment's settings: a frozen dataclass whose fields default to
+    ``quick_full(quick, full)`` (or to one value for both modes), read with
+    ``Settings.of(ctx.quick)``::
+
+        @dataclass(frozen=True)
+        class Settings(common.Settings):
+            steps: int = quick_full(500, 2000)
+            seeds: tuple[int, ...] = (1,)
+    """
+
+    @classmethod
+    def of(cls, quick: bool) -> Self:
+        values = {}
+        for f in fields(cls):  # type: ignore[arg-type]
+            value = f.default
+            if isinstance(value, QuickFull):
+                value = value.quick if quick else value.full
+            values[f.name] = value
+        return cls(**values)
+
 
 # ------------------------------------------------------------------------ the backend
 _BACKEND: dict[str, str | None] = {"backend": None}
@@ -104,6 +145,49 @@ class MethodSpec:
         return int(self.fit_kwargs.get("obj_n_mc", 1))
 
 
+def pymc_optimizer(name: str, learning_rate: float, **fit_kwargs) -> dict:
+    """PyMC ``fit`` keywords for one of its optimisers plus ``fit_kwargs``, e.g.
+    ``pymc_optimizer("adam", 0.01)`` is ``{"obj_optimizer": pm.adam(learning_rate=0.01)}``."""
+    import pymc as pm
+
+    return {"obj_optimizer": getattr(pm, name)(learning_rate=learning_rate), **fit_kwargs}
+
+
+def pymc_specs(
+    svgd_particles: int,
+    tuned: Mapping[str, tuple[str, dict]] | None = None,
+    methods: Sequence[str] = PYMC_METHODS,
+) -> list[MethodSpec]:
+    """PyMC's ``methods`` at PyMC's defaults ("ADVI (PyMC defaults)", "SVGD N=20 (PyMC
+    defaults)", ...), each followed by its tuned setting if ``tuned[method] = (label suffix,
+    fit_kwargs)`` names one (labelled e.g. "ADVI" + ", rmsprop 0.01")."""
+    names = {"advi": "ADVI", "fullrank_advi": "FullRankADVI", "svgd": f"SVGD N={svgd_particles}"}
+    specs = []
+    for method in methods:
+        inf_kwargs = {"n_particles": svgd_particles} if method == "svgd" else {}
+        specs.append(MethodSpec(f"{names[method]} (PyMC defaults)", method, inf_kwargs))
+        if tuned and method in tuned:
+            suffix, fit_kwargs = tuned[method]
+            specs.append(MethodSpec(names[method] + suffix, method, inf_kwargs, fit_kwargs))
+    return specs
+
+
+def select_specs(
+    specs: Iterable[MethodSpec], labels: Sequence[str] | None = None, start: dict | None = None
+) -> list[MethodSpec]:
+    """The specs labelled ``labels`` (all if ``None``) in their order, each starting at
+    ``start`` (a point, added to its constructor's arguments) if given."""
+    specs = list(specs)
+    if labels is not None:
+        unknown = set(labels) - {spec.label for spec in specs}
+        if unknown:
+            raise ValueError(f"no method labelled {sorted(unknown)}")
+        specs = [spec for spec in specs if spec.label in labels]
+    if start is not None:
+        specs = [replace(spec, inf_kwargs={**spec.inf_kwargs, "start": start}) for spec in specs]
+    return specs
+
+
 @dataclass
 class FitRun:
     """One fit: the approximation, its timings, and the metrics seen along the way."""
@@ -117,6 +201,11 @@ class FitRun:
     checks: list[dict[str, float]]  # {"step", "seconds", "grads", **metrics}
     failure: str | None = None
     seed: int = 0
+    final: dict[str, Any] = field(default_factory=dict)  # what the experiment read off q
+
+    @property
+    def label(self) -> str:
+        return self.spec.label
 
     @property
     def approx(self):

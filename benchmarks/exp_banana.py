@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks import common
-from benchmarks.common import MethodSpec, fmt, md_table
+from benchmarks.common import FitRun, MethodSpec, fmt, md_table, quick_full
 
 NAME = "banana"
 TITLE = "Banana: particles and optimisers (paper Fig. 5)"
@@ -20,16 +20,10 @@ LOG_2PI = float(np.log(2 * np.pi))
 
 
 @dataclass(frozen=True)
-class Settings:
-    particles: tuple[int, ...]
-    steps: int
-    references: bool  # also fit PyMC's FullRankADVI and SVGD
-
-
-def settings(quick: bool) -> Settings:
-    if quick:
-        return Settings((50,), 500, False)
-    return Settings((3, 5, 10, 20, 50), 2000, True)
+class Settings(common.Settings):
+    particles: tuple[int, ...] = quick_full((50,), (3, 5, 10, 20, 50))
+    steps: int = quick_full(500, 2000)
+    references: bool = quick_full(False, True)  # also fit PyMC's FullRankADVI and SVGD
 
 
 # --------------------------------------------------------------------- target, truth
@@ -115,47 +109,25 @@ def initial_particles(n: int) -> np.ndarray:
     return np.random.default_rng(n).normal(size=(n, 2))
 
 
-@dataclass
-class Fit:
-    label: str
-    points: np.ndarray  # final particles (or draws, for ADVI)
-    mean: np.ndarray
-    cov: np.ndarray
-    affine: float
-    failure: str | None
-
-
-def fit_gpf(model, n: int, label: str, fit_kwargs: dict, steps: int) -> Fit:
-    start = initial_particles(n)
-    spec = MethodSpec(label, "gpf", {"initial_particles": start}, fit_kwargs)
-    run = common.fit_method(spec, model, steps, seed=1)
-    particles = run.approx.particles
-    mean, cov = common.flat_moments(run.approx)
-    return Fit(label, particles, mean, cov, affine_residual(start, particles), run.failure)
+def fit_gpf(model, n: int, label: str, fit_kwargs: dict, steps: int) -> FitRun:
+    spec = MethodSpec(label, "gpf", {"initial_particles": initial_particles(n)}, fit_kwargs)
+    return common.fit_method(spec, model, steps, seed=1)
 
 
 def reference_specs() -> list[MethodSpec]:
     """PyMC's FullRankADVI and SVGD (50 particles): defaults, and 10× the default rate."""
-    import pymc as pm
-
-    faster = {"obj_optimizer": pm.adagrad_window(learning_rate=0.01)}
-    svgd = {"n_particles": 50}
-    return [
-        MethodSpec("FullRankADVI (PyMC defaults)", "fullrank_advi"),
-        MethodSpec("FullRankADVI, adagrad_window 0.01", "fullrank_advi", {}, faster),
-        MethodSpec("SVGD N=50 (PyMC defaults)", "svgd", svgd),
-        MethodSpec("SVGD N=50, adagrad_window 0.01", "svgd", svgd, faster),
-    ]
+    methods = ("fullrank_advi", "svgd")
+    faster = (", adagrad_window 0.01", common.pymc_optimizer("adagrad_window", 0.01))
+    return common.pymc_specs(50, dict.fromkeys(methods, faster), methods)
 
 
-def fit_reference(model, spec: MethodSpec, steps: int) -> Fit:
-    run = common.fit_method(spec, model, steps, seed=1)
-    mean, cov = common.flat_moments(run.approx)
-    if spec.method == "svgd":
-        points = run.approx.histogram.get_value()
-    else:
-        points = common.flat_draws(run.approx, 300, 0)
-    return Fit(spec.label, points, mean, cov, float("nan"), run.failure)
+def points(run: FitRun) -> np.ndarray:
+    """GPF's final particles, SVGD's particles, 300 draws of FullRankADVI's q."""
+    if run.spec.method == "gpf":
+        return run.approx.particles
+    if run.spec.method == "svgd":
+        return run.approx.histogram.get_value()
+    return common.flat_draws(run.approx, 300, 0)
 
 
 # -------------------------------------------------------------------------- figures
@@ -194,8 +166,9 @@ def plot_clouds(ctx, s: Settings, fits: dict, optimum) -> str:
             _background(ax, optimum)
             fit = fits[name, n]
             if fit.failure is None:
-                ax.plot(fit.points[:, 0], fit.points[:, 1], ".", color="C0", ms=4)
-                _ellipse(ax, fit.mean, fit.cov, color="C3", lw=1.2)
+                cloud = points(fit)
+                ax.plot(cloud[:, 0], cloud[:, 1], ".", color="C0", ms=4)
+                _ellipse(ax, *common.flat_moments(fit.approx), color="C3", lw=1.2)
             ax.set_title(f"N = {n}" + (" (diverged)" if fit.failure else ""), fontsize=8)
             if col == 0:
                 ax.set_ylabel(name, fontsize=8)
@@ -208,14 +181,15 @@ def plot_clouds(ctx, s: Settings, fits: dict, optimum) -> str:
     return markdown
 
 
-def plot_references(ctx, references: list[Fit], optimum) -> str:
+def plot_references(ctx, references: list[FitRun], optimum) -> str:
     plt = common.pyplot()
     fig, axes = plt.subplots(1, len(references), figsize=(2.9 * len(references), 2.9))
     for ax, fit in zip(np.atleast_1d(axes), references, strict=True):
         _background(ax, optimum)
-        size = 3 if fit.label.startswith("SVGD") else 1.5
-        ax.plot(fit.points[:, 0], fit.points[:, 1], ".", color="C4", ms=size)
-        _ellipse(ax, fit.mean, fit.cov, color="C3", lw=1.2)
+        size = 3 if fit.spec.method == "svgd" else 1.5
+        cloud = points(fit)
+        ax.plot(cloud[:, 0], cloud[:, 1], ".", color="C4", ms=size)
+        _ellipse(ax, *common.flat_moments(fit.approx), color="C3", lw=1.2)
         ax.set_title(fit.label, fontsize=7.5)
     fig.suptitle(
         "PyMC: particles (SVGD) or 300 draws (FullRankADVI), N(m, C) (red, 2σ), "
@@ -229,12 +203,12 @@ def plot_references(ctx, references: list[Fit], optimum) -> str:
 
 # -------------------------------------------------------------------------- the run
 def run(ctx) -> str:
-    s = settings(ctx.quick)
+    s = Settings.of(ctx.quick)
     model = banana_model()
     m_star, c_star, f_star = gaussian_vi_optimum()
     ctx.record("optimum", "exact Gaussian VI", "free_energy", f_star)
     c_norm = float(np.linalg.norm(c_star))
-    fits: dict[tuple[str, int], Fit] = {}
+    fits: dict[tuple[str, int], FitRun] = {}
     rows = []
     for name, fit_kwargs in optimisers().items():
         for n in s.particles:
@@ -244,9 +218,10 @@ def run(ctx) -> str:
         print(f"  {name}: done", flush=True)
     references = []
     if s.references:
-        references = [fit_reference(model, spec, 5 * s.steps) for spec in reference_specs()]
+        specs = reference_specs()
+        references = [common.fit_method(spec, model, 5 * s.steps, seed=1) for spec in specs]
         for fit in references:
-            n = len(fit.points) if fit.label.startswith("SVGD") else "—"
+            n = len(points(fit)) if fit.spec.method == "svgd" else "—"
             rows.append(record_fit(ctx, f"N={n}", fit.label, fit, m_star, c_star, f_star, c_norm))
     table = md_table(
         [
@@ -287,16 +262,19 @@ def run(ctx) -> str:
     return "\n\n".join([setup, caption, table, *figures])
 
 
-def record_fit(ctx, case, label, fit: Fit, m_star, c_star, f_star, c_norm) -> list:
+def record_fit(ctx, case, label, fit: FitRun, m_star, c_star, f_star, c_norm) -> list:
     if fit.failure is not None:
         ctx.record(case, label, "failure", 1.0, note=fit.failure)
         return [label + f" ({fit.failure})", case.removeprefix("N="), "—", "—", "—", "—"]
-    excess = free_energy(fit.mean, fit.cov) - f_star
+    mean, cov = common.flat_moments(fit.approx)
+    affine = float("nan")
+    if fit.spec.method == "gpf":
+        affine = affine_residual(fit.spec.inf_kwargs["initial_particles"], fit.approx.particles)
     values = {
-        "mean_error": float(np.linalg.norm(fit.mean - m_star)),
-        "relative_cov_error": float(np.linalg.norm(fit.cov - c_star)) / c_norm,
-        "excess_free_energy": excess,
-        "affine_residual": fit.affine,
+        "mean_error": float(np.linalg.norm(mean - m_star)),
+        "relative_cov_error": float(np.linalg.norm(cov - c_star)) / c_norm,
+        "excess_free_energy": free_energy(mean, cov) - f_star,
+        "affine_residual": affine,
     }
     for metric, value in values.items():
         ctx.record(case, label, metric, value)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks import common, realdata
-from benchmarks.common import MethodSpec, fit_method
+from benchmarks.common import FitRun, MethodSpec, fit_method, quick_full
 from benchmarks.realdata import BNNArchitecture
 from benchmarks.suite import fit_cost
 
@@ -33,20 +33,18 @@ ECE_BINS = 10
 
 
 @dataclass(frozen=True)
-class Settings:
-    architectures: tuple[tuple[int, ...], ...]  # hidden widths
-    budget: float  # seconds of stepping per fit
+class Settings(common.Settings):
+    architectures: tuple[tuple[int, ...], ...] = quick_full(((16,),), ((20,), (20, 20)))  # hidden
+    budget: float = quick_full(3.0, 15.0)  # seconds of stepping per fit
+    methods: tuple[str, ...] | None = quick_full(
+        ("GPF variables (N = 11)", "ADVI (adam 0.01)"), None
+    )
 
 
-QUICK = Settings(architectures=((16,),), budget=3.0)
-FULL = Settings(architectures=((20,), (20, 20)), budget=15.0)
-
-
-def method_specs(quick: bool) -> list[MethodSpec]:
-    import pymc as pm
-
+def method_specs() -> list[MethodSpec]:
     rms = {"optimizer": "rmsprop", "learning_rate": 1e-2}
-    specs = [
+    adam = common.pymc_optimizer("adam", 1e-2)
+    return [
         MethodSpec("GPF full (N = 11)", "gpf", {"n_particles": 11}, rms),
         MethodSpec(
             "GPF variables (N = 11)", "gpf", {"n_particles": 11, "structure": "variables"}, rms
@@ -58,17 +56,9 @@ def method_specs(quick: bool) -> list[MethodSpec]:
         MethodSpec("GF rank 10 (S = 10)", "gf", {"rank": 10}, rms),
         MethodSpec("GF diagonal (S = 10)", "gf", {"structure": "diagonal"}, rms),
         MethodSpec("ADVI (default)", "advi"),
-        MethodSpec("ADVI (adam 0.01)", "advi", {}, {"obj_optimizer": pm.adam(learning_rate=1e-2)}),
-        MethodSpec(
-            "SVGD (10 particles, adam 0.01)",
-            "svgd",
-            {"n_particles": 10},
-            {"obj_optimizer": pm.adam(learning_rate=1e-2)},
-        ),
+        MethodSpec("ADVI (adam 0.01)", "advi", {}, adam),
+        MethodSpec("SVGD (10 particles, adam 0.01)", "svgd", {"n_particles": 10}, adam),
     ]
-    if quick:
-        return [specs[1], specs[7]]
-    return specs
 
 
 # ------------------------------------------------------------------------------ data
@@ -98,31 +88,17 @@ def initial_weights(arch: BNNArchitecture, seed: int = 0) -> dict[str, np.ndarra
     return start
 
 
-def with_start(spec: MethodSpec, start: dict[str, np.ndarray]) -> MethodSpec:
-    return MethodSpec(spec.label, spec.method, {**spec.inf_kwargs, "start": start}, spec.fit_kwargs)
-
-
 # ------------------------------------------------------------------------------ fits
-@dataclass
-class Fit:
-    label: str
-    architecture: str
-    steps: int
-    grads: float
-    seconds: float
-    first_call: float
-    metrics: dict[str, float]
-    probs: np.ndarray
-    curve: list[dict[str, float]]
-    failure: str | None
-
-
 def predict(approx, target, arch: BNNArchitecture, x: np.ndarray, draws: int, seed: int):
     flat = realdata.flat_sample(approx, draws, seed)
     return realdata.bnn_probabilities(realdata.split_flat(flat, target), arch, x)
 
 
-def fit_network(spec: MethodSpec, model, arch: BNNArchitecture, data: Digits, budget: float) -> Fit:
+def fit_network(
+    spec: MethodSpec, model, arch: BNNArchitecture, data: Digits, budget: float
+) -> FitRun:
+    """One method for ``budget`` seconds; the final test metrics and predictive
+    probabilities (``probs``) in ``final``."""
     import pymc_gpf
 
     target = pymc_gpf.BatchedTarget(model)
@@ -141,26 +117,16 @@ def fit_network(spec: MethodSpec, model, arch: BNNArchitecture, data: Digits, bu
         max_seconds=budget,
     )
     probs = predict(run.approx, target, arch, data.x_test, FINAL_DRAWS, 1)
-    return Fit(
-        spec.label,
-        arch.describe(),
-        run.steps,
-        float(run.steps * run.grads_per_step),
-        run.seconds,
-        run.first_call_seconds,
-        realdata.classification_metrics(probs, data.y_test, ECE_BINS),
-        probs,
-        run.checks,
-        run.failure,
-    )
+    run.final = realdata.classification_metrics(probs, data.y_test, ECE_BINS)
+    run.final["probs"] = probs
+    return run
 
 
 # --------------------------------------------------------------------------- the run
 def run(ctx) -> str:
-    settings = QUICK if ctx.quick else FULL
-    specs = method_specs(ctx.quick)
+    settings = Settings.of(ctx.quick)
     data = digits_split()
-    fits: dict[str, list[Fit]] = {}
+    fits: dict[str, list[FitRun]] = {}
     archs: dict[str, BNNArchitecture] = {}
     for hidden in settings.architectures:
         arch = BNNArchitecture(data.x_train.shape[1], hidden, 10)
@@ -168,7 +134,8 @@ def run(ctx) -> str:
         minibatched = realdata.bnn_model(data.x_train, data.y_train, arch, PRIOR_SD, BATCH)
         full_batch = None
         fits[arch.describe()] = []
-        for spec in specs:
+        start = initial_weights(arch)  # every method starts at the same random network
+        for spec in common.select_specs(method_specs(), settings.methods, start):
             print(f"   {arch.describe()}: {spec.label}", flush=True)
             if spec.method == "svgd":  # PyMC's SVGD refuses pm.Minibatch
                 if full_batch is None:
@@ -176,8 +143,7 @@ def run(ctx) -> str:
                 model = full_batch
             else:
                 model = minibatched
-            start = initial_weights(arch)
-            fit = fit_network(with_start(spec, start), model, arch, data, settings.budget)
+            fit = fit_network(spec, model, arch, data, settings.budget)
             fits[arch.describe()].append(fit)
             record(ctx, fit, arch)
     curves = curves_figure(ctx, fits)
@@ -185,17 +151,18 @@ def run(ctx) -> str:
     return report(settings, data, archs, fits, curves, calibration)
 
 
-def record(ctx, fit: Fit, arch: BNNArchitecture) -> None:
-    case = f"digits {fit.architecture} (D = {arch.n_weights})"
+def record(ctx, fit: FitRun, arch: BNNArchitecture) -> None:
+    case = f"digits {arch.describe()} (D = {arch.n_weights})"
     note = fit.failure or ""
     metrics = [
-        ("test_nll", fit.metrics["nll"], "nats/point"),
-        ("test_accuracy", fit.metrics["accuracy"], "fraction"),
-        ("test_ece", fit.metrics["ece"], "fraction"),
+        ("test_nll", fit.final["nll"], "nats/point"),
+        ("test_accuracy", fit.final["accuracy"], "fraction"),
+        ("test_ece", fit.final["ece"], "fraction"),
     ]
-    cost = fit_cost(fit.steps, fit.grads, fit.seconds, fit.first_call)
+    grads = float(fit.steps * fit.grads_per_step)
+    cost = fit_cost(fit.steps, grads, fit.seconds, fit.first_call_seconds)
     ctx.record_many(case, fit.label, metrics + cost, note)
-    for row in fit.curve:
+    for row in fit.checks:
         where = f"step={row['step']} seconds={row['seconds']:.4g}"
         ctx.record(case, fit.label, "curve_test_nll", row["nll"], "nats/point", where)
         ctx.record(case, fit.label, "curve_test_accuracy", row["accuracy"], "fraction", where)
@@ -214,13 +181,13 @@ def style(label: str) -> str:
     return "-." if "default" in label else "-"
 
 
-def curves_figure(ctx, fits: dict[str, list[Fit]]) -> str:
+def curves_figure(ctx, fits: dict[str, list[FitRun]]) -> str:
     plt = common.pyplot()
     archs = list(fits)
     fig, axes = plt.subplots(2, len(archs), figsize=(5.2 * len(archs), 6.6), squeeze=False)
     for col, arch in enumerate(archs):
         for fit in fits[arch]:
-            rows = [r for r in fit.curve if r["seconds"] > 0]
+            rows = [r for r in fit.checks if r["seconds"] > 0]
             if not rows:
                 continue
             colour = common.METHOD_COLOURS.get(common.method_key(fit.label), "C7")
@@ -247,7 +214,7 @@ def curves_figure(ctx, fits: dict[str, list[Fit]]) -> str:
     return markdown
 
 
-def calibration_figure(ctx, fits: dict[str, list[Fit]], data: Digits) -> str:
+def calibration_figure(ctx, fits: dict[str, list[FitRun]], data: Digits) -> str:
     """Reliability diagrams (accuracy against confidence) of the deepest network."""
     plt = common.pyplot()
     arch = list(fits)[-1]
@@ -257,11 +224,11 @@ def calibration_figure(ctx, fits: dict[str, list[Fit]], data: Digits) -> str:
     fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 2.7 * nrows), squeeze=False)
     edges = np.linspace(0, 1, ECE_BINS + 1)
     for ax, fit in zip(axes.flat, chosen, strict=False):
-        _, accuracy, count = realdata.reliability(fit.probs, data.y_test, ECE_BINS)
+        _, accuracy, count = realdata.reliability(fit.final["probs"], data.y_test, ECE_BINS)
         seen = count > 0
         ax.bar(edges[:-1][seen], accuracy[seen], width=1 / ECE_BINS, align="edge", alpha=0.7)
         ax.plot([0, 1], [0, 1], "k:", lw=0.8)
-        ax.set(xlim=(0, 1), ylim=(0, 1), title=f"{fit.label}\nECE {fit.metrics['ece']:.3f}")
+        ax.set(xlim=(0, 1), ylim=(0, 1), title=f"{fit.label}\nECE {fit.final['ece']:.3f}")
         ax.set(xlabel="confidence", ylabel="accuracy")
     for ax in list(axes.flat)[len(chosen) :]:
         ax.axis("off")
@@ -270,18 +237,18 @@ def calibration_figure(ctx, fits: dict[str, list[Fit]], data: Digits) -> str:
     return markdown
 
 
-def table(fits: list[Fit]) -> str:
+def table(fits: list[FitRun]) -> str:
     fmt = common.fmt
     rows = [
         [
             f.label,
-            fmt(f.metrics["nll"], 3),
-            fmt(f.metrics["accuracy"], 3),
-            fmt(f.metrics["ece"], 3),
+            fmt(f.final["nll"], 3),
+            fmt(f.final["accuracy"], 3),
+            fmt(f.final["ece"], 3),
             fmt(f.steps, 3),
-            fmt(f.grads, 3),
-            fmt(1e3 * f.seconds / max(f.steps - 1, 1), 3),
-            fmt(f.first_call, 2),
+            fmt(float(f.steps * f.grads_per_step), 3),
+            fmt(f.ms_per_step, 3),
+            fmt(f.first_call_seconds, 2),
             f.failure or "",
         ]
         for f in fits

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks import common
-from benchmarks.common import FitRun, GaussianTarget, MethodSpec, fmt, md_table
+from benchmarks.common import FitRun, GaussianTarget, MethodSpec, fmt, md_table, quick_full
 
 NAME = "gaussian"
 TITLE = "Gaussian targets, D = 20 (paper Fig. 2)"
@@ -21,68 +21,52 @@ REL_TOL = 0.05  # "reached": ‖C − Σ‖_F < 5 % of ‖Σ‖_F
 EXACT = 1e-10  # GPF stops once both errors are below this (it is deterministic and exact)
 
 
+QUICK_METHODS = (
+    "GPF, sgd 0.01",
+    "GPF natural mean, sgd 0.01",
+    "GF S=21, rmsprop 0.01",
+    "ADVI (PyMC defaults)",
+    "FullRankADVI (PyMC defaults)",
+    "SVGD N=21 (PyMC defaults)",
+)
+
+
 @dataclass(frozen=True)
-class Settings:
-    kappas: tuple[float, ...]
-    seeds: tuple[int, ...]
-    max_steps: int
-    max_seconds: float  # the time budget of every fit (compilation excluded)
-    nuts_draws: int
-    full_configs: bool
+class Settings(common.Settings):
+    kappas: tuple[float, ...] = (1, 10, 100)
+    seeds: tuple[int, ...] = quick_full((1,), (1, 2))
+    max_steps: int = quick_full(3000, 30_000)
+    max_seconds: float = quick_full(0.4, 6.0)  # the time budget of every fit (compilation excluded)
+    nuts_draws: int = quick_full(200, 1000)
+    methods: tuple[str, ...] | None = quick_full(QUICK_METHODS, None)
 
 
-def settings(quick: bool) -> Settings:
-    if quick:
-        return Settings((1, 10, 100), (1,), 3000, 0.4, 200, False)
-    return Settings((1, 10, 100), (1, 2), 30_000, 6.0, 1000, True)
-
-
-def method_specs(start: dict, full: bool) -> list[MethodSpec]:
+def method_specs() -> list[MethodSpec]:
     """The paper's settings (§4.1: N = S = D + 1, plain descent η = 0.01 for particle
     methods, RMSProp 0.01 for stochastic ones) and PyMC's defaults."""
-    import pymc as pm
-
-    gpf = {"n_particles": N, "start": start}
-    specs = [
-        MethodSpec("GPF, sgd 0.01", "gpf", gpf, {"learning_rate": 0.01}),
-        MethodSpec(
-            "GPF natural mean, sgd 0.01",
-            "gpf",
-            {**gpf, "natural_mean": True},
-            {"learning_rate": 0.01},
-        ),
+    gpf, sgd = {"n_particles": N}, {"learning_rate": 0.01}
+    paper = (" S=21, rmsprop 0.01", common.pymc_optimizer("rmsprop", 0.01, obj_n_mc=N))
+    tuned = {
+        "advi": paper,
+        "fullrank_advi": paper,
+        "svgd": (", sgd 0.01", common.pymc_optimizer("sgd", 0.01)),
+    }
+    return [
+        MethodSpec("GPF, sgd 0.01", "gpf", gpf, sgd),
+        MethodSpec("GPF natural mean, sgd 0.01", "gpf", {**gpf, "natural_mean": True}, sgd),
         MethodSpec(
             "GF S=21, rmsprop 0.01",
             "gf",
-            {"draws_per_step": N, "start": start},
+            {"draws_per_step": N},
             {"learning_rate": 0.01, "optimizer": "rmsprop"},
         ),
-        MethodSpec("ADVI (PyMC defaults)", "advi", {"start": start}),
-        MethodSpec("FullRankADVI (PyMC defaults)", "fullrank_advi", {"start": start}),
-        MethodSpec("SVGD N=21 (PyMC defaults)", "svgd", {"n_particles": N, "start": start}),
-    ]
-    if not full:
-        return specs
-    paper = {"obj_n_mc": N, "obj_optimizer": pm.rmsprop(learning_rate=0.01)}
-    return [
-        *specs[:3],
         MethodSpec(
             "GF S=21 natural mean, sgd 0.001",
             "gf",
-            {"draws_per_step": N, "natural_mean": True, "start": start},
+            {"draws_per_step": N, "natural_mean": True},
             {"learning_rate": 1e-3},
         ),
-        specs[3],
-        MethodSpec("ADVI S=21, rmsprop 0.01", "advi", {"start": start}, paper),
-        specs[4],
-        MethodSpec("FullRankADVI S=21, rmsprop 0.01", "fullrank_advi", {"start": start}, paper),
-        specs[5],
-        MethodSpec(
-            "SVGD N=21, sgd 0.01",
-            "svgd",
-            {"n_particles": N, "start": start},
-            {"obj_optimizer": pm.sgd(learning_rate=0.01)},
-        ),
+        *common.pymc_specs(N, tuned),
     ]
 
 
@@ -263,7 +247,8 @@ def plot(ctx, results: dict, nuts: dict, axis: str, s: Settings) -> str:
 
 
 def run(ctx) -> str:
-    s = settings(ctx.quick)
+    s = Settings.of(ctx.quick)
+    specs = method_specs()
     targets = {k: common.gaussian_target(common.condition_spectrum(D, k), 0) for k in s.kappas}
     model = common.gaussian_model(targets[s.kappas[0]])
     results: dict[float, dict[str, list[FitRun]]] = {}
@@ -278,7 +263,7 @@ def run(ctx) -> str:
         ctx.record(case, "target", "cov_frobenius_norm", sigma_norm)
         results[kappa] = {}
         for seed in s.seeds:
-            for spec in method_specs(start_point(seed), s.full_configs):
+            for spec in common.select_specs(specs, s.methods, start_point(seed)):
                 start = time.perf_counter()
                 run_ = fit_one(spec, model, target, seed, s)
                 results[kappa].setdefault(spec.label, []).append(run_)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks import common, realdata
-from benchmarks.common import MethodSpec, fit_method
+from benchmarks.common import FitRun, MethodSpec, fit_method, quick_full
 from benchmarks.suite import fit_cost
 
 NAME = "logistic"
@@ -33,66 +33,40 @@ CLOSE = 0.01  # nats per test point: "converged" = within this of NUTS's test NL
 
 
 @dataclass(frozen=True)
-class Settings:
-    datasets: tuple[str, ...]
-    splits: int
-    budget: float  # seconds of stepping per fit
-    nuts: bool
+class Settings(common.Settings):
+    datasets: tuple[str, ...] = quick_full(("breast_cancer",), ("breast_cancer", "german_credit"))
+    splits: int = quick_full(1, 3)
+    budget: float = quick_full(1.5, 5.0)  # seconds of stepping per fit
+    nuts: bool = quick_full(False, True)
+    methods: tuple[str, ...] | None = quick_full(("GPF diagonal (N = 11)", "ADVI (default)"), None)
 
 
-QUICK = Settings(("breast_cancer",), splits=1, budget=1.5, nuts=False)
-FULL = Settings(("breast_cancer", "german_credit"), splits=3, budget=5.0, nuts=True)
-
-
-@dataclass(frozen=True)
-class Entry:
-    family: str  # "mean-field" or "low-rank"
-    spec: MethodSpec
-
-
-def entries(quick: bool) -> list[Entry]:
-    import pymc as pm
-
+def method_specs() -> list[MethodSpec]:
+    """Mean-field methods (:func:`family`), then low-rank and full-rank ones."""
     adam = {"optimizer": "adam", "learning_rate": 1e-2}
-    mean_field = [
-        Entry(
-            "mean-field",
-            MethodSpec(
-                "GPF diagonal (N = 11)",
-                "gpf",
-                {"structure": "diagonal", "n_particles": 11, "natural_mean": True},
-                adam,
-            ),
-        ),
-        Entry(
-            "mean-field",
-            MethodSpec(
-                "GF diagonal (S = 10)", "gf", {"structure": "diagonal", "natural_mean": True}, adam
-            ),
-        ),
-        Entry("mean-field", MethodSpec("ADVI (default)", "advi")),
-        Entry(
-            "mean-field",
-            MethodSpec(
-                "ADVI (adam 0.01)", "advi", {}, {"obj_optimizer": pm.adam(learning_rate=1e-2)}
-            ),
-        ),
+    diagonal = {"structure": "diagonal", "natural_mean": True}
+    return [
+        MethodSpec("GPF diagonal (N = 11)", "gpf", {**diagonal, "n_particles": 11}, adam),
+        MethodSpec("GF diagonal (S = 10)", "gf", diagonal, adam),
+        MethodSpec("ADVI (default)", "advi"),
+        MethodSpec("ADVI (adam 0.01)", "advi", {}, common.pymc_optimizer("adam", 1e-2)),
+        MethodSpec("GPF (N = 11, rank 10)", "gpf", {"n_particles": 11}, adam),
+        MethodSpec("GF rank 10 (S = 10)", "gf", {"rank": 10}, adam),
+        MethodSpec("FullRankADVI (default)", "fullrank_advi"),
+        MethodSpec("SVGD (default, 100 particles)", "svgd"),
     ]
-    low_rank = [
-        Entry(
-            "low-rank",
-            MethodSpec("GPF (N = 11, rank 10)", "gpf", {"n_particles": 11}, adam),
-        ),
-        Entry(
-            "low-rank",
-            MethodSpec("GF rank 10 (S = 10)", "gf", {"rank": 10}, adam),
-        ),
-        Entry("low-rank", MethodSpec("FullRankADVI (default)", "fullrank_advi")),
-        Entry("low-rank", MethodSpec("SVGD (default, 100 particles)", "svgd")),
-    ]
-    if quick:
-        return [mean_field[0], mean_field[2]]
-    return mean_field + low_rank
+
+
+def family(run: FitRun) -> str:
+    """A fit's family: "mean-field" (a diagonal structure, ADVI) or "low-rank" (the others)."""
+    spec = run.spec
+    diagonal = spec.method == "advi" or spec.inf_kwargs.get("structure") == "diagonal"
+    return "mean-field" if diagonal else "low-rank"
+
+
+def split_of(run: FitRun) -> int:
+    """The split a fit ran on (split i is fitted with seed i + 1)."""
+    return run.seed - 1
 
 
 # ------------------------------------------------------------------------------ fits
@@ -119,31 +93,19 @@ def predictive(flat: np.ndarray, target, data: SplitData) -> dict[str, float]:
     return realdata.classification_metrics(probs, data.y_test)
 
 
-@dataclass
-class Fit:
-    label: str
-    family: str
-    split: int
-    steps: int
-    grads: float
-    seconds: float
-    first_call: float
-    nll: float
-    accuracy: float
-    curve: list[dict[str, float]]
-    failure: str | None
-
-
-def fit_split(model, target, entry: Entry, data: SplitData, split: int, budget: float) -> Fit:
+def fit_split(
+    model, target, spec: MethodSpec, data: SplitData, split: int, budget: float
+) -> FitRun:
     """One method on one split for ``budget`` seconds (a divergence ends the fit; the last
-    finite state is evaluated and the failure noted)."""
+    finite state is evaluated and the failure noted); the final test NLL and accuracy in
+    ``final``."""
 
     def metrics(approx) -> dict[str, float]:
         flat = realdata.flat_sample(approx, CHECK_DRAWS, split)
         return {"nll": predictive(flat, target, data)["nll"]}
 
     run = fit_method(
-        entry.spec,
+        spec,
         model,
         realdata.MAX_STEPS,
         seed=split + 1,
@@ -151,20 +113,8 @@ def fit_split(model, target, entry: Entry, data: SplitData, split: int, budget: 
         check_at=common.geometric_steps(realdata.MAX_STEPS, per_decade=8),
         max_seconds=budget,
     )
-    final = predictive(realdata.flat_sample(run.approx, FINAL_DRAWS, split), target, data)
-    return Fit(
-        entry.spec.label,
-        entry.family,
-        split,
-        run.steps,
-        float(run.steps * run.grads_per_step),
-        run.seconds,
-        run.first_call_seconds,
-        final["nll"],
-        final["accuracy"],
-        run.checks,
-        run.failure,
-    )
+    run.final = predictive(realdata.flat_sample(run.approx, FINAL_DRAWS, split), target, data)
+    return run
 
 
 def nuts_nll(model, target, data: SplitData, split: int) -> tuple[float, float, float]:
@@ -191,8 +141,8 @@ def nuts_nll(model, target, data: SplitData, split: int) -> tuple[float, float, 
     return metrics["nll"], metrics["accuracy"], seconds
 
 
-def seconds_to_close(fit: Fit, reference: float) -> float:
-    for row in fit.curve:
+def seconds_to_close(fit: FitRun, reference: float) -> float:
+    for row in fit.checks:
         if row["nll"] <= reference + CLOSE:
             return float(row["seconds"])
     return float("inf")
@@ -204,9 +154,9 @@ def run(ctx) -> str:
 
     import pymc_gpf
 
-    settings = QUICK if ctx.quick else FULL
-    chosen = entries(ctx.quick)
-    fits: dict[str, list[Fit]] = {}
+    settings = Settings.of(ctx.quick)
+    specs = common.select_specs(method_specs(), settings.methods)
+    fits: dict[str, list[FitRun]] = {}
     nuts: dict[str, list[tuple[float, float, float]]] = {}
     for name in settings.datasets:
         data = splits(name, settings.splits)
@@ -215,9 +165,9 @@ def run(ctx) -> str:
         fits[name], nuts[name] = [], []
         for i, split in enumerate(data):
             pm.set_data({"x": split.x_train, "y": split.y_train}, model=model)
-            for entry in chosen:
-                print(f"   {name} split {i}: {entry.spec.label}", flush=True)
-                fits[name].append(fit_split(model, target, entry, split, i, settings.budget))
+            for spec in specs:
+                print(f"   {name} split {i}: {spec.label}", flush=True)
+                fits[name].append(fit_split(model, target, spec, split, i, settings.budget))
             if settings.nuts:
                 print(f"   {name} split {i}: NUTS", flush=True)
                 nuts[name].append(nuts_nll(model, target, split, i))
@@ -226,17 +176,22 @@ def run(ctx) -> str:
     return report(settings, fits, nuts, figure)
 
 
-def record(ctx, name: str, fits: list[Fit], nuts: list[tuple[float, float, float]]) -> None:
+def record(ctx, name: str, fits: list[FitRun], nuts: list[tuple[float, float, float]]) -> None:
     for fit in fits:
-        note = f"split {fit.split}" + (f"; {fit.failure}" if fit.failure else "")
-        metrics = [("test_nll", fit.nll, "nats/point"), ("test_accuracy", fit.accuracy, "fraction")]
-        cost = fit_cost(fit.steps, fit.grads, fit.seconds, fit.first_call)
+        split = split_of(fit)
+        note = f"split {split}" + (f"; {fit.failure}" if fit.failure else "")
+        metrics = [
+            ("test_nll", fit.final["nll"], "nats/point"),
+            ("test_accuracy", fit.final["accuracy"], "fraction"),
+        ]
+        grads = float(fit.steps * fit.grads_per_step)
+        cost = fit_cost(fit.steps, grads, fit.seconds, fit.first_call_seconds)
         ctx.record_many(name, fit.label, metrics + cost, note)
         if nuts:
-            close = seconds_to_close(fit, nuts[fit.split][0])
+            close = seconds_to_close(fit, nuts[split][0])
             ctx.record(name, fit.label, "seconds_to_nuts_nll", close, "s", note)
-        for row in fit.curve:
-            where = f"split {fit.split}; step={row['step']} seconds={row['seconds']:.4g}"
+        for row in fit.checks:
+            where = f"split {split}; step={row['step']} seconds={row['seconds']:.4g}"
             ctx.record(name, fit.label, "curve_test_nll", row["nll"], "nats/point", where)
     for split, (nll, acc, seconds) in enumerate(nuts):
         note = f"split {split}; 2 chains x 500 draws"
@@ -246,9 +201,9 @@ def record(ctx, name: str, fits: list[Fit], nuts: list[tuple[float, float, float
 
 
 # ------------------------------------------------------------------------ the report
-def median_curve(fits: list[Fit]) -> tuple[np.ndarray, np.ndarray]:
+def median_curve(fits: list[FitRun]) -> tuple[np.ndarray, np.ndarray]:
     """Median over splits of time and NLL at each common check step."""
-    curves = [f.curve for f in fits if f.curve]
+    curves = [f.checks for f in fits if f.checks]
     if not curves:
         return np.array([]), np.array([])
     n = min(len(c) for c in curves)
@@ -260,14 +215,14 @@ def median_curve(fits: list[Fit]) -> tuple[np.ndarray, np.ndarray]:
 def nll_figure(ctx, fits, nuts) -> str:
     plt = common.pyplot()
     names = list(fits)
-    families = list(dict.fromkeys(f.family for name in names for f in fits[name]))
+    families = list(dict.fromkeys(family(f) for name in names for f in fits[name]))
     fig, axes = plt.subplots(
         len(families), len(names), figsize=(5 * len(names), 3.3 * len(families)), squeeze=False
     )
     for col, name in enumerate(names):
-        for row, family in enumerate(families):
+        for row, kind in enumerate(families):
             ax = axes[row, col]
-            labels = dict.fromkeys(f.label for f in fits[name] if f.family == family)
+            labels = dict.fromkeys(f.label for f in fits[name] if family(f) == kind)
             for label in labels:
                 seconds, nll = median_curve([f for f in fits[name] if f.label == label])
                 keep = seconds > 0
@@ -280,7 +235,7 @@ def nll_figure(ctx, fits, nuts) -> str:
                 reference = np.median([n[0] for n in nuts[name]])
                 ax.axhline(reference, color="k", lw=0.9, ls=":", label="NUTS")
             ax.set(xscale="log", yscale="log", xlabel="wall time (s, compilation excluded)")
-            ax.set(ylabel="test NLL (nats / point)", title=f"{name}: {family}")
+            ax.set(ylabel="test NLL (nats / point)", title=f"{name}: {kind}")
             ax.legend(loc="upper right")
     path, markdown = ctx.figure("test_nll")
     common.save_figure(fig, path)
@@ -293,26 +248,26 @@ def summary_rows(name, fits, nuts):
     reference = [n[0] for n in nuts]
     for label in labels:
         mine = [f for f in fits if f.label == label]
-        nll = np.array([f.nll for f in mine])
-        close = [seconds_to_close(f, reference[f.split]) for f in mine] if reference else []
+        nll = np.array([f.final["nll"] for f in mine])
+        close = [seconds_to_close(f, reference[split_of(f)]) for f in mine] if reference else []
         stats[label] = {
             "nll": float(np.nanmedian(nll)) if np.isfinite(nll).any() else np.nan,
             "close": float(np.median(close)) if close else np.nan,
             "reached": sum(np.isfinite(close)),
-            "ms_per_step": float(np.median([1e3 * f.seconds / max(f.steps - 1, 1) for f in mine])),
+            "ms_per_step": float(np.median([f.ms_per_step for f in mine])),
         }
         failures = sorted({f.failure for f in mine if f.failure})
         rows.append(
             [
                 label,
-                mine[0].family,
+                family(mine[0]),
                 common.fmt(stats[label]["nll"], 4),
                 f"{common.fmt(np.nanmin(nll), 4)}–{common.fmt(np.nanmax(nll), 4)}"
                 if np.isfinite(nll).any()
                 else "—",
-                common.fmt(float(np.nanmedian([f.accuracy for f in mine])), 3),
+                common.fmt(float(np.nanmedian([f.final["accuracy"] for f in mine])), 3),
                 common.fmt(float(np.median([f.steps for f in mine])), 3),
-                common.fmt(float(np.median([f.grads for f in mine])), 3),
+                common.fmt(float(np.median([f.steps * f.grads_per_step for f in mine])), 3),
                 common.fmt(stats[label]["ms_per_step"], 3),
                 close_cell(stats[label], len(mine)) if reference else "—",
                 "; ".join(failures),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks import common
-from benchmarks.common import FitRun, GaussianTarget, MethodSpec, fmt, md_table
+from benchmarks.common import FitRun, GaussianTarget, MethodSpec, fmt, md_table, quick_full
 
 NAME = "lowrank"
 TITLE = "Low-rank Gaussian targets, D = 500 (paper Fig. 4)"
@@ -20,19 +20,19 @@ RANK = 20
 NULL_EIGENVALUE = 1e-8  # the paper's: Σ is numerically rank K, so cond(Σ) ~ 1e8
 
 
+GPF_LABEL = f"GPF N={RANK + 1}, rmsprop 0.01"
+GF_LABEL = f"GF rank {RANK}, S={RANK}, rmsprop 0.01"
+
+
 @dataclass(frozen=True)
-class Settings:
-    ranks: tuple[int, ...]  # the targets' effective ranks K
-    seed: int
-    max_steps: int
-    max_seconds: float
-    full_configs: bool
-
-
-def settings(quick: bool) -> Settings:
-    if quick:
-        return Settings((20,), 1, 300, 1.0, False)
-    return Settings((10, 20, 30), 1, 5000, 10.0, True)
+class Settings(common.Settings):
+    ranks: tuple[int, ...] = quick_full((20,), (10, 20, 30))  # the targets' effective ranks K
+    seed: int = 1
+    max_steps: int = quick_full(300, 5000)
+    max_seconds: float = quick_full(1.0, 10.0)
+    methods: tuple[str, ...] | None = quick_full(
+        (GPF_LABEL, GF_LABEL, "FullRankADVI (PyMC defaults)"), None
+    )
 
 
 def lowrank_target(k: int) -> GaussianTarget:
@@ -49,43 +49,15 @@ def best_rank_error(target: GaussianTarget, rank: int) -> float:
     return float(np.sqrt(np.sum(rest**2)))
 
 
-def method_specs(start: dict, full: bool) -> list[MethodSpec]:
+def method_specs() -> list[MethodSpec]:
     """The paper's (§4.3): dimension-wise RMSProp 0.01 for GPF, RMSProp 0.01 for the
     stochastic methods; PyMC's methods also with their defaults."""
-    import pymc as pm
-
-    ours = [
-        MethodSpec(
-            f"GPF N={RANK + 1}, rmsprop 0.01",
-            "gpf",
-            {"n_particles": RANK + 1, "init_scale": 1.0, "start": start},
-            {"learning_rate": 0.01, "optimizer": "rmsprop"},
-        ),
-        MethodSpec(
-            f"GF rank {RANK}, S={RANK}, rmsprop 0.01",
-            "gf",
-            {"rank": RANK, "draws_per_step": RANK, "init_scale": 1.0, "start": start},
-            {"learning_rate": 0.01, "optimizer": "rmsprop"},
-        ),
-    ]
-    defaults = [
-        MethodSpec("ADVI (PyMC defaults)", "advi", {"start": start}),
-        MethodSpec("FullRankADVI (PyMC defaults)", "fullrank_advi", {"start": start}),
-        MethodSpec(f"SVGD N={RANK} (PyMC defaults)", "svgd", {"n_particles": RANK, "start": start}),
-    ]
-    if not full:
-        return [*ours, defaults[1]]
-    rms = {"obj_optimizer": pm.rmsprop(learning_rate=0.01)}
+    rms = {"learning_rate": 0.01, "optimizer": "rmsprop"}
+    tuned = (", rmsprop 0.01", common.pymc_optimizer("rmsprop", 0.01))
     return [
-        *ours,
-        defaults[0],
-        MethodSpec("ADVI, rmsprop 0.01", "advi", {"start": start}, rms),
-        defaults[1],
-        MethodSpec("FullRankADVI, rmsprop 0.01", "fullrank_advi", {"start": start}, rms),
-        defaults[2],
-        MethodSpec(
-            f"SVGD N={RANK}, rmsprop 0.01", "svgd", {"n_particles": RANK, "start": start}, rms
-        ),
+        MethodSpec(GPF_LABEL, "gpf", {"n_particles": RANK + 1, "init_scale": 1.0}, rms),
+        MethodSpec(GF_LABEL, "gf", {"rank": RANK, "draws_per_step": RANK, "init_scale": 1.0}, rms),
+        *common.pymc_specs(RANK, dict.fromkeys(common.PYMC_METHODS, tuned)),
     ]
 
 
@@ -120,7 +92,7 @@ def plot(ctx, s: Settings, results: dict, floors: dict, norms: dict) -> str:
 
 
 def run(ctx) -> str:
-    s = settings(ctx.quick)
+    s = Settings.of(ctx.quick)
     targets = {k: lowrank_target(k) for k in s.ranks}
     model = common.gaussian_model(targets[s.ranks[0]])
     start = {"x": np.random.default_rng(2000 + s.seed).normal(size=D)}
@@ -143,7 +115,7 @@ def run(ctx) -> str:
             case, "truth", "cov_frobenius_norm", float(np.linalg.norm(target.cov))
         )
         results[k] = []
-        for spec in method_specs(start, s.full_configs):
+        for spec in common.select_specs(method_specs(), s.methods, start):
             began = time.perf_counter()
             run_ = common.fit_method(
                 spec,

@@ -11,13 +11,24 @@ from __future__ import annotations
 import time
 import warnings
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from benchmarks import common
+from benchmarks.common import quick_full
 
 NAME = "minibatch"
 TITLE = "A minibatch regression at defaults (closed-form posterior)"
 BATCH = 100
+
+
+@dataclass(frozen=True)
+class Settings(common.Settings):
+    rows: int = quick_full(2_000, 20_000)
+    methods: tuple[str, ...] = quick_full(
+        ("gpf", "gf"), ("gpf", "gf", "wvgd", "advi", "fullrank_advi")
+    )
 
 
 def data(n: int, seed: int = 0):
@@ -45,11 +56,11 @@ def run(ctx) -> str:
 
     import pymc_gpf  # noqa: F401  (pm.fit(method="gpf"))
 
-    n = 2_000 if ctx.quick else 20_000
+    s = Settings.of(ctx.quick)
+    n = s.rows
     x, y, mean, sd = data(n)
-    methods = ["gpf", "gf"] if ctx.quick else ["gpf", "gf", "wvgd", "advi", "fullrank_advi"]
     rows = []
-    for method in methods:
+    for method in s.methods:
         print(f"   {method}", flush=True)
         start = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:

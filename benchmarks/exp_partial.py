@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks import common
-from benchmarks.common import GaussianTarget, MethodSpec, fmt, md_table
+from benchmarks.common import GaussianTarget, MethodSpec, fmt, md_table, quick_full
 
 NAME = "partial"
 TITLE = "Fewer particles than dimensions, D = 50 (paper Fig. 3)"
@@ -20,17 +20,11 @@ LEARNING_RATE = 0.015  # stable for κ ≤ 100: plain descent needs η < 2 / (κ
 
 
 @dataclass(frozen=True)
-class Settings:
-    kappas: tuple[float, ...]
-    particles: tuple[int, ...]
-    seeds: tuple[int, ...]
-    steps: int
-
-
-def settings(quick: bool) -> Settings:
-    if quick:
-        return Settings((1, 10, 100), (10, 51), (1,), 2000)
-    return Settings((1, 5, 10, 50, 100), (2, 3, 5, 10, 20, 30, 40, 50, 51), (1, 2), 6000)
+class Settings(common.Settings):
+    kappas: tuple[float, ...] = quick_full((1, 10, 100), (1, 5, 10, 50, 100))
+    particles: tuple[int, ...] = quick_full((10, 51), (2, 3, 5, 10, 20, 30, 40, 50, 51))
+    seeds: tuple[int, ...] = quick_full((1,), (1, 2))
+    steps: int = quick_full(2000, 6000)
 
 
 def predicted_trace_error(target: GaussianTarget, n: int) -> float:
@@ -104,7 +98,7 @@ def plot(ctx, s: Settings, measured: dict, predicted: dict) -> str:
 
 
 def run(ctx) -> str:
-    s = settings(ctx.quick)
+    s = Settings.of(ctx.quick)
     targets = {k: common.gaussian_target(common.condition_spectrum(D, k), 0) for k in s.kappas}
     model = common.gaussian_model(targets[s.kappas[0]])
     measured, predicted = {}, {}

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks import anchors, common, gaussian_optimum, realdata
-from benchmarks.common import MethodSpec, fit_method
+from benchmarks.common import MethodSpec, fit_method, quick_full
 from benchmarks.realdata import ReferenceCase
 
 NAME = "reference"
@@ -34,22 +34,19 @@ OPTIMUM_LABEL = "exact Gaussian-VI optimum"
 
 
 @dataclass(frozen=True)
-class Settings:
-    cases: tuple[str, ...]  # case names; () = all
-    nuts: bool
-    optimum_draws: int
+class Settings(common.Settings):
+    cases: tuple[str, ...] = quick_full(("sblrc-blr",), ())  # case names; () = all
+    nuts: bool = quick_full(False, True)
+    optimum_draws: int = quick_full(2**12, 2**16)
+    methods: tuple[str, ...] | None = quick_full(
+        ("GPF (defaults)", "GF (defaults)", "ADVI (defaults)"), None
+    )
 
 
-QUICK = Settings(cases=("sblrc-blr",), nuts=False, optimum_draws=2**12)
-FULL = Settings(cases=(), nuts=True, optimum_draws=2**16)
-
-
-def method_specs(quick: bool) -> list[MethodSpec]:
+def method_specs() -> list[MethodSpec]:
     """Defaults first (no argument at all), then one tuned setting per family."""
-    import pymc as pm
-
     tuned = {"optimizer": "adam", "learning_rate": 1e-2}
-    specs = [
+    return [
         MethodSpec("GPF (defaults)", "gpf"),
         MethodSpec("GF (defaults)", "gf"),
         MethodSpec("WVGD (defaults)", "wvgd"),
@@ -60,11 +57,10 @@ def method_specs(quick: bool) -> list[MethodSpec]:
             "FullRankADVI (tuned: Adam 0.001)",
             "fullrank_advi",
             {},
-            {"obj_optimizer": pm.adam(learning_rate=1e-3)},
+            common.pymc_optimizer("adam", 1e-3),
         ),
         MethodSpec("SVGD (defaults)", "svgd"),
     ]
-    return specs[:2] + specs[4:5] if quick else specs
 
 
 # ------------------------------------------------------------------------ evaluation
@@ -232,7 +228,7 @@ def run_optimum(case: ReferenceCase, settings: Settings) -> Result:
 
 # --------------------------------------------------------------------------- the run
 def run(ctx) -> str:
-    settings = QUICK if ctx.quick else FULL
+    settings = Settings.of(ctx.quick)
     cases = [
         c for c in realdata.reference_cases() if not settings.cases or c.name in settings.cases
     ]
@@ -241,7 +237,7 @@ def run(ctx) -> str:
         rows = results[case.name] = []
         print(f"   {case.name}: Gaussian-VI optimum", flush=True)
         rows.append(run_optimum(case, settings))
-        for spec in method_specs(ctx.quick):
+        for spec in common.select_specs(method_specs(), settings.methods):
             print(f"   {case.name}: {spec.label}", flush=True)
             rows.append(fit_case(case, spec, seed=1))
         for which in ("dadvi", "pathfinder"):

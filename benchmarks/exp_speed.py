@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmarks import common
-from benchmarks.common import fmt, md_table
+from benchmarks import common, realdata
+from benchmarks.common import MethodSpec, fmt, md_table, quick_full
 
 NAME = "speed"
 TITLE = "Speed: cost per step, scaling with D and N"
@@ -47,62 +47,34 @@ METHOD_LABELS = {
 }
 
 
-@dataclass(frozen=True)
-class Settings:
-    per_step_models: tuple[str, ...]  # "logistic", "gaussian"
-    per_step_methods: tuple[str, ...]
-    per_step_backends: tuple[str | None, ...]  # None: the run's backend
-    repeat_seconds: float
-    repeats: int
-    dims: tuple[int, ...]
-    dim_methods: tuple[str, ...]
-    particles: tuple[int, ...]
-    particle_methods: tuple[str, ...]
-
-
 ALL = ("bare", "gpf", "gf", "gf_diag", "wvgd", "advi", "advi_1", "fullrank_advi", "svgd")
 
 
-def settings(quick: bool) -> Settings:
-    if quick:
-        return Settings(
-            per_step_models=("logistic",),
-            per_step_methods=("bare", "gpf", "advi_1"),
-            per_step_backends=(None,),
-            repeat_seconds=0.1,
-            repeats=3,
-            dims=(100, 10_000),
-            dim_methods=("gpf",),
-            particles=(),
-            particle_methods=(),
-        )
-    return Settings(
-        per_step_models=("logistic", "gaussian"),
-        per_step_methods=ALL,
-        per_step_backends=(None, "c"),
-        repeat_seconds=0.3,
-        repeats=5,
-        dims=(100, 1000, 10_000, 100_000),
-        dim_methods=("bare", "gpf", "gf_lowrank", "advi_1", "fullrank_advi", "svgd"),
-        particles=(10, 100, 1000),
-        particle_methods=("bare", "gpf", "gf_diag", "advi", "svgd"),
+@dataclass(frozen=True)
+class Settings(common.Settings):
+    per_step_models: tuple[str, ...] = quick_full(("logistic",), ("logistic", "gaussian"))
+    per_step_methods: tuple[str, ...] = quick_full(("bare", "gpf", "advi_1"), ALL)
+    # None: the run's backend
+    per_step_backends: tuple[str | None, ...] = quick_full((None,), (None, "c"))
+    repeat_seconds: float = quick_full(0.1, 0.3)
+    repeats: int = quick_full(3, 5)
+    dims: tuple[int, ...] = quick_full((100, 10_000), (100, 1000, 10_000, 100_000))
+    dim_methods: tuple[str, ...] = quick_full(
+        ("gpf",), ("bare", "gpf", "gf_lowrank", "advi_1", "fullrank_advi", "svgd")
     )
+    particles: tuple[int, ...] = quick_full((), (10, 100, 1000))
+    particle_methods: tuple[str, ...] = quick_full((), ("bare", "gpf", "gf_diag", "advi", "svgd"))
 
 
 # ----------------------------------------------------------------------------- models
-def logistic_model():
-    """Logistic regression, n = 2000 observations, D = 50 weights with N(0, 1) priors."""
-    import pymc as pm
-    import pytensor.tensor as pt
-
+def logistic_data() -> tuple[np.ndarray, np.ndarray]:
+    """n = 2000 observations of D = 50 standard normal features, labels from weights
+    0.3·N(0, 1) (the model: ``realdata.logistic_model`` with N(0, 1) priors, no intercept)."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(N_OBS, N_WEIGHTS))
     w = 0.3 * rng.normal(size=N_WEIGHTS)
     y = rng.random(N_OBS) < 1 / (1 + np.exp(-x @ w))
-    with pm.Model() as model:
-        weights = pm.Normal("w", 0, 1, shape=N_WEIGHTS)
-        pm.Bernoulli("y", logit_p=pt.as_tensor(x) @ weights, observed=y)
-    return model
+    return x, y
 
 
 def diagonal_gaussian_model(d: int):
@@ -117,7 +89,7 @@ def diagonal_gaussian_model(d: int):
 
 def build_model(spec: dict):
     if spec["kind"] == "logistic":
-        return logistic_model()
+        return realdata.logistic_model(*logistic_data(), 1.0, intercept=False, as_data=False)
     if spec["kind"] == "gaussian":
         target = common.gaussian_target(common.condition_spectrum(spec["d"], 10.0), 0)
         return common.gaussian_model(target)
@@ -125,13 +97,38 @@ def build_model(spec: dict):
 
 
 # --------------------------------------------------------------------------- steppers
+def method_spec(method: str, n: int, d: int, default_jitter: bool = False) -> MethodSpec:
+    """``method`` with ``n`` points per step on a D = ``d`` model. Ours take the fixed-step
+    update, which runs every step asked for (an automatic fit stops once converged, so
+    refine(k) would not time k steps; the reference section reports what the automatic fits
+    cost in all); PyMC's methods at their default optimiser."""
+    fixed = {"learning_rate": 1e-3}
+    init_scale = 0.1 if default_jitter else gpf_jitter(n, d)
+    specs = {
+        "gpf": ("gpf", {"n_particles": n, "init_scale": init_scale}, fixed),
+        "gf": ("gf", {"draws_per_step": n}, fixed),
+        "gf_diag": ("gf", {"draws_per_step": n, "structure": "diagonal"}, fixed),
+        "gf_lowrank": ("gf", {"rank": 10, "draws_per_step": n}, fixed),
+        "wvgd": (
+            "wvgd",
+            {"n_particles": 4, "draws_per_particle": max(n // 4, 1)},
+            {"learning_rate": 1e-2},
+        ),
+        "advi": ("advi", {}, {"obj_n_mc": n}),
+        "advi_1": ("advi", {}, {"obj_n_mc": 1}),
+        "fullrank_advi": ("fullrank_advi", {}, {"obj_n_mc": n}),
+        "svgd": ("svgd", {"n_particles": n}, {}),
+    }
+    kind, inf_kwargs, fit_kwargs = specs[method]
+    return MethodSpec(METHOD_LABELS[method], kind, inf_kwargs, fit_kwargs)
+
+
 def make_stepper(
     method: str, model, n: int, backend: str | None, default_jitter: bool = False
-) -> Callable[[int], None]:
+) -> tuple[Callable[[int], None], int]:
     """``step(k)`` runs k iterations of ``method`` with ``n`` points per step, after one
-    first call that compiles (and, for the fits, takes one step)."""
-    import pymc as pm
-
+    first call that compiles (and, for the fits, takes one step); and the gradient
+    evaluations per step."""
     import pymc_gpf
 
     if method == "bare":
@@ -144,43 +141,18 @@ def make_stepper(
             for _ in range(k):
                 logp_dlogp(points)
 
-        return step
-    d = pymc_gpf.BatchedTarget(model).ndim
-    ours = {
-        "gpf": lambda: pymc_gpf.GPF(
-            n, init_scale=0.1 if default_jitter else gpf_jitter(n, d), model=model, random_seed=1
-        ),
-        "gf": lambda: pymc_gpf.GF(draws_per_step=n, model=model, random_seed=1),
-        "gf_diag": lambda: pymc_gpf.GF(
-            draws_per_step=n, structure="diagonal", model=model, random_seed=1
-        ),
-        "gf_lowrank": lambda: pymc_gpf.GF(10, draws_per_step=n, model=model, random_seed=1),
-        "wvgd": lambda: pymc_gpf.WVGD(
-            4, draws_per_particle=max(n // 4, 1), model=model, random_seed=1
-        ),
-    }
-    fit_kwargs: dict = {"progressbar": False, "backend": backend}
-    if method in ours:
-        inference = ours[method]()
-        # the fixed-step update, which runs every step asked for (an automatic fit stops
-        # once converged, so refine(k) would not time k steps); the reference section
-        # reports what the automatic fits cost in all
-        fit_kwargs["learning_rate"] = 1e-3 if method != "wvgd" else 1e-2
-    elif method == "svgd":
-        inference = pm.SVGD(n_particles=n, model=model, random_seed=1)
-    elif method == "fullrank_advi":
-        inference = pm.FullRankADVI(model=model, random_seed=1)
+        return step, n
+    # only D: a target kept alive would count in the memory measured
+    spec = method_spec(method, n, pymc_gpf.BatchedTarget(model).ndim, default_jitter)
+    inference = spec.build(model, seed=1)
+    if method == "fullrank_advi":
         common.scale_full_rank_init(inference, 0.1)
-        fit_kwargs["obj_n_mc"] = n
-    else:
-        inference = pm.ADVI(model=model, random_seed=1)
-        fit_kwargs["obj_n_mc"] = 1 if method == "advi_1" else n
-    inference.fit(1, **fit_kwargs)
+    inference.fit(1, progressbar=False, backend=backend, **spec.fit_kwargs)
 
     def step(k: int) -> None:
         inference.refine(k, progressbar=False)
 
-    return step
+    return step, spec.grads_per_step(inference)
 
 
 def gpf_jitter(n: int, d: int) -> float:
@@ -189,14 +161,6 @@ def gpf_jitter(n: int, d: int) -> float:
     they are about 0.01·D/N: at D = 10⁵, N = 10, the default learning rate diverged within 6
     steps on the diagonal Gaussian.)"""
     return 0.1 * min(1.0, float(np.sqrt(n / d)))
-
-
-def grads_per_step(method: str, n: int) -> int:
-    if method == "advi_1":
-        return 1
-    if method == "wvgd":
-        return 4 * max(n // 4, 1)
-    return n
 
 
 # ------------------------------------------------------------------ child processes
@@ -236,7 +200,7 @@ def child(payload: dict) -> dict:
     model = build_model(payload["model"])
     baseline = _memory_mb()["VmRSS"]
     start = time.perf_counter()
-    step = make_stepper(
+    step, _ = make_stepper(
         payload["method"],
         model,
         payload["n"],
@@ -266,30 +230,30 @@ def run_in_child(payload: dict, compiledir: str | None = None) -> dict:
 
 
 # ------------------------------------------------------------------- the measurements
-def per_step_table(ctx, s: Settings) -> tuple[str, dict]:
+def per_step_table(ctx, s: Settings) -> str:
     """Warm ms/step of every method at N = BATCH, side by side, per model and backend."""
     models = {
         f"logistic n={N_OBS}, D={N_WEIGHTS}": {"kind": "logistic"},
         "Gaussian D=20, κ=10": {"kind": "gaussian", "d": 20},
     }
     models = {k: v for k, v in models.items() if v["kind"] in s.per_step_models}
-    rows, results = [], {}
+    rows = []
     for backend in dict.fromkeys(b or ctx.backend for b in s.per_step_backends):
         name = common.backend_name(backend)
         for model_name, model_spec in models.items():
             model = build_model(model_spec)
-            ms = {}
+            ms, grads = {}, {}
             for method in s.per_step_methods:
                 try:
-                    step = make_stepper(method, model, BATCH, backend)
+                    step, grads[method] = make_stepper(method, model, BATCH, backend)
                     ms[method] = 1e3 * common.time_per_call(step, s.repeat_seconds, s.repeats)
                 except FloatingPointError as err:
-                    ms[method] = float("nan")
+                    ms[method], grads[method] = float("nan"), float("nan")
                     ctx.record(model_name, method, "failure", 1.0, note=str(err)[:200])
             case = f"{model_name}; {name}"
             bare_per_grad = ms["bare"] / BATCH
             for method, value in ms.items():
-                per_grad = value / grads_per_step(method, BATCH)
+                per_grad = value / grads[method]
                 ctx.record(case, method, "ms_per_step", value, "ms")
                 ctx.record(case, method, "ms_per_step_over_bare", value / ms["bare"])
                 ctx.record(case, method, "ms_per_gradient_over_bare", per_grad / bare_per_grad)
@@ -298,13 +262,12 @@ def per_step_table(ctx, s: Settings) -> tuple[str, dict]:
                         model_name,
                         name,
                         METHOD_LABELS[method],
-                        grads_per_step(method, BATCH),
+                        fmt(grads[method]),
                         fmt(value),
                         fmt(value / ms["bare"]),
                         fmt(per_grad / bare_per_grad),
                     ]
                 )
-            results[model_name, backend] = ms
             print(f"  per step: {model_name}, {name}: done", flush=True)
     table = md_table(
         [
@@ -319,7 +282,7 @@ def per_step_table(ctx, s: Settings) -> tuple[str, dict]:
         rows,
         left=3,
     )
-    return table, results
+    return table
 
 
 def scaling_runs(ctx, s: Settings, axis: str) -> dict:
@@ -454,8 +417,8 @@ def scaling_tables(results: dict, s: Settings, axis: str) -> list[str]:
 
 
 def run(ctx) -> str:
-    s = settings(ctx.quick)
-    per_step, per_step_ms = per_step_table(ctx, s)
+    s = Settings.of(ctx.quick)
+    per_step = per_step_table(ctx, s)
     by_dim = scaling_runs(ctx, s, "D")
     by_n = scaling_runs(ctx, s, "N") if s.particles else {}
     figure = plot_scaling(ctx, s, by_dim, by_n)
@@ -508,82 +471,17 @@ def run(ctx) -> str:
         parts += scaling_tables(by_n, s, "N")
     parts += [
         figure,
+        "Time per step (top) and peak resident memory while stepping (bottom) against D and N: "
+        "one fresh process per point.",
         "Note: with GPF's default init_scale 0.1 the N − 1 non-zero eigenvalues of the initial "
         "particle covariance are about 0.01·D/N (N ≪ D particles in general position are "
         "nearly orthogonal), so the stable step size shrinks with D/N: " + jitter_note + ".",
-        "**What the numbers say.** " + findings(ctx, s, per_step_ms, by_dim, by_n),
     ]
     return "\n\n".join(parts)
 
 
-def _ratios(ms: dict[str, float], methods: tuple[str, ...]) -> str:
-    parts = [f"{METHOD_LABELS[m]} {fmt(ms[m] / ms['bare'])}×" for m in methods if m in ms]
-    return ", ".join(parts)
-
-
 def _ok(out: dict | None) -> bool:
     return bool(out) and "error" not in out
-
-
-def findings(ctx, s: Settings, per_step_ms: dict, by_dim: dict, by_n: dict) -> str:
-    sentences = []
-    backend = ctx.backend
-    name = common.backend_name(backend)
-    for model_name in (f"logistic n={N_OBS}, D={N_WEIGHTS}", "Gaussian D=20, κ=10"):
-        ms = per_step_ms.get((model_name, backend))
-        if not ms:
-            continue
-        sentences.append(
-            f"{model_name} ({name}), one step at N = {BATCH} relative to the bare batched "
-            "gradient of N points: "
-            + _ratios(ms, ("gpf", "gf", "gf_diag", "wvgd", "advi", "fullrank_advi", "svgd"))
-            + "."
-        )
-    other = [b for b in s.per_step_backends if b and b != backend]
-    logistic = f"logistic n={N_OBS}, D={N_WEIGHTS}"
-    for alt in other:
-        ms, ms_alt = per_step_ms.get((logistic, backend)), per_step_ms.get((logistic, alt))
-        if ms and ms_alt:
-            sentences.append(
-                f'With backend="{alt}" a GPF step on the logistic regression takes '
-                f"{fmt(ms_alt['gpf'] / ms['gpf'])}× the time it takes with {name}."
-            )
-    dims = [d for d in s.dims if _ok(by_dim.get(("gpf", d)))]
-    if len(dims) >= 2:
-        lo, hi = by_dim["gpf", dims[0]], by_dim["gpf", dims[-1]]
-        text = (
-            f"From D = {dims[0]:,} to {dims[-1]:,} a GPF step (N = {SCALING_BATCH}) grows "
-            f"{fmt(hi['ms_per_step'] / lo['ms_per_step'])}× in time"
-        )
-        bare = [by_dim.get(("bare", d)) for d in (dims[0], dims[-1])]
-        if all(_ok(b) for b in bare):
-            text += f", the bare gradient {fmt(bare[1]['ms_per_step'] / bare[0]['ms_per_step'])}×"
-        text += (
-            f"; its peak resident memory goes from {fmt(lo['stepping_peak_rss_mb'])} to "
-            f"{fmt(hi['stepping_peak_rss_mb'])} MB"
-        )
-        skipped = [
-            d
-            for d in s.dims
-            if ("fullrank_advi", d) in by_dim and by_dim["fullrank_advi", d] is None
-        ]
-        if skipped:
-            text += f"; FullRankADVI was not run from D = {min(skipped):,} (memory)"
-        sentences.append(text + ".")
-    ns = [n for n in s.particles if _ok(by_n.get(("gpf", n)))]
-    if len(ns) >= 2:
-        growth = {
-            m: by_n[m, ns[-1]]["ms_per_step"] / by_n[m, ns[0]]["ms_per_step"]
-            for m in s.particle_methods
-            if _ok(by_n.get((m, ns[0]))) and _ok(by_n.get((m, ns[-1])))
-        }
-        sentences.append(
-            f"From N = {ns[0]} to {ns[-1]} at D = {SCALING_DIM:,} ({ns[-1] // ns[0]}× more "
-            "points) the time per step grows: "
-            + ", ".join(f"{METHOD_LABELS[m]} {fmt(g)}×" for m, g in growth.items())
-            + " (GPF's flow costs O(N²D) on top of the N gradients)."
-        )
-    return " ".join(sentences)
 
 
 if __name__ == "__main__":

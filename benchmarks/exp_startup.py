@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 
 from benchmarks import common
-from benchmarks.common import fmt, md_table
+from benchmarks.common import fmt, md_table, quick_full
 
 NAME = "startup"
 TITLE = "Speed: time to the first step and to a result, cold and warm PyTensor cache"
@@ -44,19 +44,21 @@ OURS = ("gpf", "gf", "wvgd")
 SIMILAR = {"logistic": "german_credit"}  # a new model on a cache another one filled
 
 
+# every method at its default backend; ours with PyMC's default named; the bare gradient and
+# ADVI in C
+ALL_CELLS = (
+    *((m, None) for m in LABELS),
+    *(("gpf", "numba"), ("gf", "numba"), ("wvgd", "numba"), ("bare", "c"), ("advi", "c")),
+)
+
+
 @dataclass(frozen=True)
-class Settings:
-    models: tuple[str, ...]
-    cells: tuple[tuple[str, str | None], ...]  # (method, backend); None: its default
-
-
-def settings(quick: bool) -> Settings:
-    if quick:
-        return Settings(("eight_schools",), (("bare", None), ("gpf", None)))
-    defaults = tuple((m, None) for m in LABELS)
-    # ours with PyMC's default backend named; the bare gradient and ADVI in C
-    named = (("gpf", "numba"), ("gf", "numba"), ("wvgd", "numba"), ("bare", "c"), ("advi", "c"))
-    return Settings(tuple(MODELS), defaults + named)
+class Settings(common.Settings):
+    models: tuple[str, ...] = quick_full(("eight_schools",), tuple(MODELS))
+    # (method, backend); None: its default
+    cells: tuple[tuple[str, str | None], ...] = quick_full(
+        (("bare", None), ("gpf", None)), ALL_CELLS
+    )
 
 
 # ------------------------------------------------------------------- the child process
@@ -64,7 +66,7 @@ def build_model(name: str):
     from benchmarks import exp_speed, realdata
 
     if name == "logistic":
-        return exp_speed.logistic_model()
+        return exp_speed.build_model({"kind": "logistic"})
     if name == "german_credit":
         return realdata.german_credit_reference_model()
     return realdata.posteriordb_case("eight_schools-eight_schools_noncentered").model
@@ -141,7 +143,7 @@ def run_cell(payload: dict) -> tuple[dict, dict, dict]:
 
 # ----------------------------------------------------------------------------- section
 def run(ctx) -> str:
-    s = settings(ctx.quick)
+    s = Settings.of(ctx.quick)
     tables = []
     for model in s.models:
         rows = []

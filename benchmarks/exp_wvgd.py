@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks import common, realdata
+from benchmarks.common import quick_full
 
 AUTHORS_STEP = 0.01  # dimension-wise Adam, the step of the authors' experiments
 NAME = "wvgd"
@@ -38,26 +39,14 @@ TAIL = 200  # steps the bound is averaged over
 
 
 @dataclass(frozen=True)
-class Settings:
-    lloyd_particles: tuple[int, ...]
-    lloyd_steps: int
-    datasets: tuple[str, ...]
-    particles: tuple[int, ...]
-    repeats: int
-    steps: int
-    advi_steps: int
-
-
-QUICK = Settings((2,), 500, ("iris",), (1, 2), 1, 400, 0)
-FULL = Settings(
-    lloyd_particles=(2, 3, 4),
-    lloyd_steps=3000,
-    datasets=("iris", "diabetes", "breast_cancer"),
-    particles=(1, 2, 3, 4, 5),
-    repeats=3,
-    steps=1500,
-    advi_steps=5000,
-)
+class Settings(common.Settings):
+    lloyd_particles: tuple[int, ...] = quick_full((2,), (2, 3, 4))
+    lloyd_steps: int = quick_full(500, 3000)
+    datasets: tuple[str, ...] = quick_full(("iris",), ("iris", "diabetes", "breast_cancer"))
+    particles: tuple[int, ...] = quick_full((1, 2), (1, 2, 3, 4, 5))
+    repeats: int = quick_full(1, 3)
+    steps: int = quick_full(400, 1500)
+    advi_steps: int = quick_full(0, 5000)
 
 
 # ------------------------------------------------------------------------ Lloyd–Max
@@ -299,7 +288,7 @@ def bound_figure(ctx, settings: Settings, bounds: dict) -> str:
 
 # --------------------------------------------------------------------------- the run
 def run(ctx) -> str:
-    settings = QUICK if ctx.quick else FULL
+    settings = Settings.of(ctx.quick)
     print("   Lloyd–Max", flush=True)
     lloyd = lloyd_max(settings)
     table1 = lloyd_table(ctx, lloyd)

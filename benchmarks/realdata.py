@@ -93,17 +93,25 @@ def random_splits(
 
 
 # ------------------------------------------------------------------------- models
-def logistic_model(x: np.ndarray, y: np.ndarray, prior_sd: float):
-    """``y ~ Bernoulli(logit = x w + b)``, ``w, b ~ Normal(0, prior_sd)``; ``x`` and ``y``
-    are ``pm.Data`` (``pm.set_data`` swaps in another split of the same size)."""
+def logistic_model(
+    x: np.ndarray, y: np.ndarray, prior_sd: float, *, intercept: bool = True, as_data: bool = True
+):
+    """``y ~ Bernoulli(logit = x w + b)``, ``w, b ~ Normal(0, prior_sd)`` (no ``b`` without
+    ``intercept``); ``x`` and ``y`` are ``pm.Data`` (``pm.set_data`` swaps in another split of
+    the same size), or constants of the graph without ``as_data``."""
     import pymc as pm
+    import pytensor.tensor as pt
 
     with pm.Model() as model:
-        x_data = pm.Data("x", x)
-        y_data = pm.Data("y", y)
+        if as_data:
+            x_data, y_data = pm.Data("x", x), pm.Data("y", y)
+        else:
+            x_data, y_data = pt.as_tensor(x), y
         w = pm.Normal("w", 0.0, prior_sd, shape=x.shape[1])
-        b = pm.Normal("b", 0.0, prior_sd)
-        pm.Bernoulli("obs", logit_p=x_data @ w + b, observed=y_data)
+        logit = x_data @ w
+        if intercept:
+            logit = logit + pm.Normal("b", 0.0, prior_sd)
+        pm.Bernoulli("obs", logit_p=logit, observed=y_data)
     return model
 
 
