@@ -9,7 +9,7 @@ the last finite state, and compiles it all into one PyTensor function.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
@@ -254,8 +254,3 @@ def compile_step(
     )
     fn.trust_input = True
     return CompiledStep(fn, graph, options, tuple(info)), state
-
-
-def as_names(fields: Sequence[str], prefix: str) -> list[str]:
-    """The checkpoint names of a state's fields."""
-    return [f"{prefix}_{name}" for name in fields]
