@@ -37,7 +37,7 @@ from pymc_gpf.registry import METHODS
 __all__ = ["load", "save", "to_datatree"]
 
 GROUP = "checkpoint"
-FORMAT = 1
+FORMAT = 2  # 2: optimiser and controller state named from their fields (0.2)
 NETCDF = {"engine": "h5netcdf"}
 ZARR = {"consolidated": False}  # consolidated metadata is not part of zarr format 3
 _OPTIMIZER_CLASSES = {cls.__name__: cls for cls in OPTIMIZERS.values()}
@@ -203,7 +203,10 @@ def load(source: str | Path | xr.DataTree, model: pm.Model | None = None) -> Fit
     checkpoint = tree[GROUP].to_dataset()
     attrs = checkpoint.attrs
     if int(attrs["format"]) != FORMAT:
-        raise ValueError(f"Unknown checkpoint format {attrs['format']} (this is {FORMAT}).")
+        raise ValueError(
+            f"This checkpoint has format {attrs['format']}; this version of pymc-gpf reads "
+            f"format {FORMAT}. Load it with the version that saved it, or fit again."
+        )
     model = pm.modelcontext(model)
     inference = METHODS[attrs["method"]].from_options(model, json.loads(attrs["options"]))
     labels = json.loads(attrs["flat_coordinates"])

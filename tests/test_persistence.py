@@ -141,6 +141,10 @@ def test_clear_errors(tmp_path, regression_model, regression_data):
         pymc_gpf.load(path, model=other)
     with pytest.raises(ValueError, match=r"no .checkpoint. group.*approx\.save"):
         pymc_gpf.load(approx.sample(5), model=regression_model)
+    old = approx.to_datatree()
+    old["checkpoint"].attrs["format"] = 1  # written by pymc-gpf 0.1
+    with pytest.raises(ValueError, match="format 1; this version of pymc-gpf reads format 2"):
+        pymc_gpf.load(old, model=regression_model)
     with pytest.raises(ValueError, match="Nothing to save yet: fit first"):
         pymc_gpf.GPF(4, model=regression_model).approx.save(tmp_path / "empty.nc")
 
