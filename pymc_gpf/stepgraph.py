@@ -30,6 +30,7 @@ __all__ = [
     "CompiledStep",
     "StepGraph",
     "compile_step",
+    "leaves",
     "share",
     "standard_normal",
     "transform_direction",
@@ -51,34 +52,49 @@ def standard_normal(rng: SharedVariable, shape: tuple[int, ...]) -> Variable:
 def share[S: NamedTuple](
     state: S, prefix: str, shape: Callable[[str, np.ndarray], tuple] | None = None
 ) -> S:
-    """``state`` (NumPy arrays) held in shared variables named ``f"{prefix}_{field}"``;
+    """``state`` (NumPy arrays) held in shared variables named ``f"{prefix}_{field}"``; a
+    field holding a tuple of arrays (one per block) gets ``f"{prefix}_{field}{i}"``.
     ``shape(field, value)`` gives a static shape (``None`` for a dimension that may change,
     e.g. the number of particles)."""
+
+    def one(name: str, value: np.ndarray) -> SharedVariable:
+        static = value.shape if shape is None else shape(name, value)
+        return pytensor.shared(value, name=f"{prefix}_{name}", shape=static)
+
     return type(state)(
         *(
-            pytensor.shared(
-                value,
-                name=f"{prefix}_{name}",
-                shape=value.shape if shape is None else shape(name, value),
-            )
+            tuple(one(f"{name}{i}", v) for i, v in enumerate(value))
+            if isinstance(value, tuple)
+            else one(name, value)
             for name, value in zip(state._fields, state, strict=True)
         )
     )
 
 
+def leaves(state: NamedTuple) -> list:
+    """The arrays of a state in field order, a tuple field's in turn."""
+    return [v for value in state for v in (value if isinstance(value, tuple) else (value,))]
+
+
 def updates[S: NamedTuple](shared: S, new: S) -> dict[SharedVariable, Variable]:
     """The shared variables of a state paired with their next (symbolic) values."""
-    return {var: value.astype(var.dtype) for var, value in zip(shared, new, strict=True)}
+    pairs = zip(leaves(shared), leaves(new), strict=True)
+    return {var: value.astype(var.dtype) for var, value in pairs}
 
 
 def values[S: NamedTuple](shared: S) -> S:
     """The current values of a shared state (copies)."""
-    return type(shared)(*(var.get_value() for var in shared))
+    return type(shared)(
+        *(
+            tuple(v.get_value() for v in var) if isinstance(var, tuple) else var.get_value()
+            for var in shared
+        )
+    )
 
 
 def assign[S: NamedTuple](shared: S, state: S) -> None:
     """Set a shared state to ``state``'s arrays."""
-    for var, value in zip(shared, state, strict=True):
+    for var, value in zip(leaves(shared), leaves(state), strict=True):
         var.set_value(np.asarray(value, dtype=var.dtype))
 
 

@@ -23,7 +23,7 @@ from pymc_gpf.gf.config import GFConfig
 from pymc_gpf.gf.parameters import check_rank, draw_pairs, initial_factors
 from pymc_gpf.options import AUTO, FitOptions, resolve_natural_mean
 from pymc_gpf.start import initial_centre
-from pymc_gpf.stepgraph import StepGraph, standard_normal
+from pymc_gpf.stepgraph import StepGraph, share, standard_normal
 from pymc_gpf.structure import Structure, parse_structure
 
 __all__ = ["GF", "GFApproximation"]
@@ -41,10 +41,8 @@ class GFApproximation(GaussianApproximation):
 
     def __init__(self, inference: GF, mean: np.ndarray, factors: list[np.ndarray]):
         super().__init__(inference)
-        self.shared_mean = pytensor.shared(mean, name="gf_mean", shape=mean.shape)
-        self.shared_factors = [
-            pytensor.shared(f, name=f"gf_factor{i}", shape=f.shape) for i, f in enumerate(factors)
-        ]
+        self.state = share(step.GFState(mean, tuple(factors)), "gf")  # gf_mean, gf_factor0, ...
+        self.shared_mean, self.shared_factors = self.state.mean, list(self.state.factor)
 
     @property
     def structure(self) -> Structure:
@@ -233,13 +231,13 @@ class GF(FlowInference):
         return 10 if self.draws_per_step == AUTO else int(self.draws_per_step)
 
     def _build_step(self, options: FitOptions) -> StepGraph:
-        mean, factors = self.approx.shared_mean, self.approx.shared_factors
+        state = self.approx.state
         if not options.auto:
             s = self.resolved_draws(options)
-            noise = [standard_normal(self.noise_rng, (s, f.type.shape[-1])) for f in factors]
+            noise = [standard_normal(self.noise_rng, (s, f.type.shape[-1])) for f in state.factor]
             natural_mean = resolve_natural_mean(self.natural_mean, options)
             return step.fixed_step(
-                mean, factors, noise, self.target, self.structure, natural_mean, options,
+                state, noise, self.target, self.structure, natural_mean, options,
                 self.learning_rates, s,
             )  # fmt: skip
         if self.natural_mean is False:
@@ -254,13 +252,13 @@ class GF(FlowInference):
         else:
             noise = [
                 flow.whitened_antithetic(standard_normal(self.noise_rng, (pairs, f.type.shape[-1])))
-                for f in factors
+                for f in state.factor
             ]
         recorded = pytensor.shared(
             np.asarray(np.inf, dtype=self.target.dtype), name="gf_free_energy"
         )
         return step.natural_step(
-            mean, factors, recorded, noise, self.target, self.structure, self.learning_rates[0]
+            state, recorded, noise, self.target, self.structure, self.learning_rates[0]
         )
 
     def _evaluations_per_step(self) -> tuple[int, int]:

@@ -16,6 +16,8 @@ iterates fluctuate around the fixed point with a spread of order ``sqrt(eta / S)
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pytensor.tensor as pt
 
@@ -24,18 +26,26 @@ from pytensor.graph.basic import Variable
 from pymc_gpf.gf import flow
 from pymc_gpf.options import FitOptions
 from pymc_gpf.stepgraph import StepGraph, transform_direction
+from pymc_gpf.stepgraph import updates as state_updates
 from pymc_gpf.stepsize import cap
 from pymc_gpf.structure import Structure
 from pymc_gpf.target import BatchedTarget
 
-__all__ = ["fixed_step", "natural_step"]
+__all__ = ["GFState", "fixed_step", "natural_step"]
 
 MAX_SCALE_STEP = 0.5  # trust region: one step scales q's spread by at most 1 +- this
 
 
+class GFState(NamedTuple):
+    """``q = N(mu, Gamma Gamma^T)``: the mean ``(D,)`` and one factor per block of the
+    structure, ``(D_b, K_b)`` (mean field: one vector of scales ``(D,)``)."""
+
+    mean: Variable
+    factor: tuple[Variable, ...]
+
+
 def fixed_step(
-    mean: Variable,
-    factors: list[Variable],
+    state: GFState,
     noise: list[Variable],
     target: BatchedTarget,
     structure: Structure,
@@ -46,6 +56,7 @@ def fixed_step(
 ) -> StepGraph:
     """Eq. 11 with fixed ``(eta1, eta2)`` and the fit's optimiser, from the ``draws`` draws
     ``mu + Gamma z`` of ``noise`` ``z``; the free energy at the parameters before the step."""
+    mean, factors = state.mean, list(state.factor)
     deviations = flow.deviations(factors, noise, structure)
     points = mean + deviations
     logp, grad_logp, hyper = target.logp_and_grads(points, options.more_obj_params)
@@ -77,8 +88,7 @@ def fixed_step(
 
 
 def natural_step(
-    mean: Variable,
-    factors: list[Variable],
+    state: GFState,
     recorded: Variable,
     noise: list[Variable],
     target: BatchedTarget,
@@ -88,6 +98,7 @@ def natural_step(
     """Natural-gradient steps from whitened antithetic draws ``noise``: the mean moves at
     most ``sqrt(K)`` of q's sds, the spread changes by at most :data:`MAX_SCALE_STEP`; a
     non-finite step is refused (every parameter and the ``recorded`` free energy kept)."""
+    mean, factors = state.mean, list(state.factor)
     deviations = flow.deviations(factors, noise, structure)
     points = mean + deviations
     logp, grad_logp, _ = target.logp_and_grads(points)
@@ -108,15 +119,17 @@ def natural_step(
         return pt.switch(accepted, new, old).astype(old.dtype)
 
     kept = keep(free_energy, recorded)
-    updates = {mean: keep(new_mean, mean), recorded: kept}
-    updates.update({f: keep(nf, f) for f, nf in zip(factors, new_factors, strict=True)})
+    new = GFState(
+        keep(new_mean, mean),
+        tuple(keep(nf, f) for f, nf in zip(factors, new_factors, strict=True)),
+    )
     return StepGraph(
         free_energy=kept,
         points=points,
         logp=logp,
         grad=grad_logp,
-        positions=updates[mean] + flow.deviations([updates[f] for f in factors], noise, structure),
-        updates=updates,
+        positions=new.mean + flow.deviations(list(new.factor), noise, structure),
+        updates={**state_updates(state, new), recorded: kept},
         info={"accepted": accepted, "step_size": eta_mean, "decrement": dec_mean + dec_cov},
         guarded=False,
     )
