@@ -1,11 +1,12 @@
 """pymc-gpf: particle and Gaussian-flow variational inference for PyMC models.
 
-``import pymc_gpf`` makes ``pm.fit(method="gpf")``, ``"gf"`` and ``"wvgd"`` available
-(``pymc_gpf.unregister()`` undoes it).
+``import pymc_gpf`` makes ``pm.fit(method="gpf")``, ``"gf"``, ``"wvgd"`` and ``"ensemble"``
+available (``pymc_gpf.unregister()`` undoes it).
 """
 
 from pymc_gpf import optimizers
 from pymc_gpf.diagnostics import Diagnosis, diagnose
+from pymc_gpf.ensemble import Ensemble, EnsembleApproximation
 from pymc_gpf.errors import DivergenceError, InitialPointError, ModelNotSupportedError
 from pymc_gpf.gf import GF, GFApproximation
 from pymc_gpf.gpf import GPF, GPFApproximation
@@ -22,6 +23,8 @@ __all__ = [
     "BatchedTarget",
     "Diagnosis",
     "DivergenceError",
+    "Ensemble",
+    "EnsembleApproximation",
     "GFApproximation",
     "GPFApproximation",
     "InitialPointError",
@@ -39,4 +42,5 @@ __all__ = [
 register_method("gpf", GPF)
 register_method("gf", GF)
 register_method("wvgd", WVGD)
+register_method("ensemble", Ensemble)
 register()

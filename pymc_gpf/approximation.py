@@ -26,7 +26,7 @@ from pymc_gpf.persistence import save, to_datatree
 
 LOGP_CHUNK = 256  # points per log-density call: bounds memory for models with much data
 
-__all__ = ["FlowApproximation", "GaussianApproximation"]
+__all__ = ["FlowApproximation", "GaussianApproximation", "ParticlesMixin"]
 
 
 class FlowApproximation:
@@ -178,6 +178,20 @@ class FlowApproximation:
         """A method group (see :func:`points_dataset`)."""
         values = self.constrained(points)
         return points_dataset(self.model, values, points, self.target.labels, dim, settings, extra)
+
+
+class ParticlesMixin:
+    """For an approximation whose fitted state is ``shared_particles`` ``(N, D)``."""
+
+    @property
+    def params(self) -> list:
+        """Shared variables of the fitted state: the particles."""
+        return [self.shared_particles]
+
+    @property
+    def particles(self) -> np.ndarray:
+        """The particles ``(N, D)`` in flat unconstrained space (a copy)."""
+        return self.shared_particles.get_value()
 
 
 class GaussianApproximation(FlowApproximation):

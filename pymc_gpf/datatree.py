@@ -74,14 +74,15 @@ def build_datatree(
     fit: xr.Dataset,
     method: str,
     method_group: xr.Dataset,
+    chains: bool = False,
 ) -> xr.DataTree:
-    """Assemble the DataTree; ``posterior`` values have a leading draw axis (``None``: no
-    posterior group)."""
+    """Assemble the DataTree; ``posterior`` values have a leading draw axis, or leading
+    chain and draw axes with ``chains`` (``None``: no posterior group)."""
     coords, dims = coords_and_dims_for_inferencedata(model)
     groups = {}
     if posterior is not None:
         groups["posterior"] = dict_to_dataset_drop_incompatible_coords(
-            {name: value[None, ...] for name, value in posterior.items()},
+            {name: value if chains else value[None, ...] for name, value in posterior.items()},
             inference_library=LIBRARY,
             coords=coords,
             dims=dims,

@@ -27,8 +27,23 @@ TYPE_II = {
 }
 
 
+# methods whose objective cannot learn hyperparameters: they refuse more_obj_params clearly
+NO_TYPE_II = {"ensemble": "not available for ensembles"}
+
+
 def test_every_registered_method_is_covered():
-    assert set(TYPE_II) == set(METHODS)
+    assert set(TYPE_II) | set(NO_TYPE_II) == set(METHODS)
+    assert not set(TYPE_II) & set(NO_TYPE_II)
+
+
+@pytest.mark.parametrize("method", sorted(NO_TYPE_II))
+def test_methods_without_type_ii_refuse_more_obj_params(method):
+    log_sigma = pytensor.shared(0.0, name="log_sigma")
+    with pm.Model() as model:
+        pm.Normal("w", 0, pt.exp(log_sigma), shape=2)
+    with pytest.raises(ValueError, match=NO_TYPE_II[method]):
+        pm.fit(5, method=method, model=model, learning_rate=0.01, more_obj_params=[log_sigma],
+               progressbar=False)  # fmt: skip
 
 
 @pytest.mark.parametrize("method", sorted(TYPE_II))

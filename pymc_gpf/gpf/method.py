@@ -13,7 +13,7 @@ import pytensor
 import pytensor.tensor as pt
 import xarray as xr
 
-from pymc_gpf.approximation import GaussianApproximation
+from pymc_gpf.approximation import GaussianApproximation, ParticlesMixin
 from pymc_gpf.checks import renamed
 from pymc_gpf.control import Control, Deterministic
 from pymc_gpf.engine import FlowInference
@@ -36,7 +36,7 @@ from pymc_gpf.structure import Structure, parse_structure
 __all__ = ["GPF", "GPFApproximation"]
 
 
-class GPFApproximation(GaussianApproximation):
+class GPFApproximation(ParticlesMixin, GaussianApproximation):
     """The fitted GPF: ``N`` particles, read as the Gaussian ``q = N(m, C)`` they define.
 
     ``mean``, ``std`` and ``cov`` are PyTensor expressions of the particles in flat
@@ -55,16 +55,6 @@ class GPFApproximation(GaussianApproximation):
     def structure(self) -> Structure:
         """The block structure of the flow (§3.5): full, diagonal or blocks of variables."""
         return self.inference.structure
-
-    @property
-    def params(self) -> list:
-        """Shared variables of the fitted state: the particles."""
-        return [self.shared_particles]
-
-    @property
-    def particles(self) -> np.ndarray:
-        """The particles ``(N, D)`` in flat unconstrained space (a copy)."""
-        return self.shared_particles.get_value()
 
     @cached_property
     def mean(self) -> pt.TensorVariable:

@@ -1,0 +1,59 @@
+"""The ensembles' constructor options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pymc_gpf.checks import is_integer, positive
+from pymc_gpf.config import MethodConfig
+
+__all__ = ["KINDS", "EnsembleConfig"]
+
+KINDS = ("deep", "langevin", "repulsive")
+
+
+@dataclass(frozen=True)
+class EnsembleConfig(MethodConfig):
+    """See :class:`pymc_gpf.Ensemble` for each option."""
+
+    kind: str = "langevin"
+    n_particles: int = 20
+    temperature: float = 1.0
+    repulsion: float = 1.0
+    bandwidth: float | str = "median"
+    init: str = "initial_point"
+    init_scale: float = 1.0
+    thin: int = 1
+    target_ess: int = 400
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}.")
+        if not is_integer(self.n_particles, 2):
+            raise ValueError(
+                f"n_particles must be an integer >= 2 (the ensemble's members; R-hat needs "
+                f"two chains), got {self.n_particles!r}."
+            )
+        if self.bandwidth != "median":
+            self._normalise(bandwidth=positive("bandwidth", self.bandwidth))
+        for name in ("thin", "target_ess"):
+            if not is_integer(getattr(self, name), 1):
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}.")
+        self._normalise(
+            n_particles=int(self.n_particles),
+            temperature=positive("temperature", self.temperature),
+            repulsion=positive("repulsion", self.repulsion),
+            init_scale=positive("init_scale", self.init_scale),
+            thin=int(self.thin),
+            target_ess=int(self.target_ess),
+        )
+
+    @property
+    def temperature_used(self) -> float:
+        """``lambda2``: 0 for the deep ensemble (no noise, no entropy)."""
+        return 0.0 if self.kind == "deep" else self.temperature
+
+    @property
+    def repulsion_used(self) -> float:
+        """``lambda1``: the MMD weight, for the repulsive kind only."""
+        return self.repulsion if self.kind == "repulsive" else 0.0

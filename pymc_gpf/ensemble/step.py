@@ -1,0 +1,148 @@
+"""One ensemble step as a pure function of an explicit state (:mod:`pymc_gpf.ensemble.flow`).
+
+* **Deep ensemble** (``lambda1 = lambda2 = 0``): every particle climbs ``log p`` by gradient
+  steps with its own backtracking step size (Armijo, as :mod:`pymc_gpf.stepsize`): a trial is
+  kept if it raises ``log p`` by a fraction of what its gradient predicts, the step then
+  doubles; otherwise the step halves. The first trial is predicted to raise ``log p`` by
+  0.1 nats (``eta = 0.1 / |g|^2``): a local move whatever the posterior's scale, from which
+  doubling reaches the curvature's scale in a few steps.
+* **Langevin and repulsive Langevin** (``lambda2 > 0``): one Euler-Maruyama step of the SDE
+  with the step size ``eta`` the controller sets. The state carries the drift at the current
+  particles, so a step evaluates the batched log-density and gradient once, at the moved
+  particles.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import pytensor.tensor as pt
+
+from pytensor.graph.basic import Variable
+
+from pymc_gpf.ensemble import flow
+from pymc_gpf.stepsize import Backtracking
+from pymc_gpf.target import BatchedTarget
+
+__all__ = ["DeepState", "LangevinState", "deep_step", "init_state", "langevin_step"]
+
+BACKTRACKING = Backtracking()
+MAX_DEEP_STEP = 1e8  # a particle at a mode keeps doubling its accepted steps: bound them
+FIRST_GAIN = 0.1  # nats: what the first trial step of a deep ensemble predicts
+
+
+class LangevinState(NamedTuple):
+    """The particles, ``log p`` there and the drift of the SDE there; ``ready = 0`` until the
+    first step has evaluated them."""
+
+    particles: Variable  # (N, D)
+    logp: Variable  # (N,)
+    drift: Variable  # (N, D)
+    ready: Variable  # ()
+
+
+class DeepState(NamedTuple):
+    """The particles, ``log p`` and its gradient there, and each particle's step size."""
+
+    particles: Variable  # (N, D)
+    logp: Variable  # (N,)
+    grad: Variable  # (N, D)
+    step_size: Variable  # (N,)
+    ready: Variable  # ()
+
+
+def init_state(particles: np.ndarray, kind: str) -> LangevinState | DeepState:
+    """Nothing evaluated yet at ``particles`` (the first step evaluates them)."""
+    n = len(particles)
+    dtype = particles.dtype
+    logp = np.full(n, -np.inf, dtype=dtype)
+    zero = np.zeros((), dtype=dtype)
+    if kind == "deep":
+        return DeepState(particles, logp, np.zeros_like(particles), np.zeros(n, dtype), zero)
+    return LangevinState(particles, logp, np.zeros_like(particles), zero)
+
+
+def _repulsion(particles: Variable, bandwidth: float | str) -> tuple[Variable, Variable, Variable]:
+    """The interaction drift, the kernel matrix and its bandwidth at ``particles``."""
+    distances = flow.squared_distances(particles)
+    h = flow.median_bandwidth(distances) if bandwidth == "median" else pt.as_tensor(bandwidth)
+    kernel = flow.rbf_kernel(distances, h)
+    return flow.interaction_drift(particles, kernel, h), kernel, h
+
+
+def langevin_step(
+    state: LangevinState,
+    noise: Variable,
+    step_size: Variable,
+    target: BatchedTarget,
+    temperature: float,
+    repulsion: float,
+    bandwidth: float | str,
+) -> tuple[LangevinState, Variable, dict[str, Variable], tuple]:
+    """Move by the drift of the state, evaluate there; a non-finite move is refused (the
+    state kept). Returns the new state, the objective (mean ``V`` plus the MMD term), the
+    step's ``info`` (``accepted``, ``mean_v``, ``mmd``, ``bandwidth``) and the evaluation
+    ``(points, logp, grad)``."""
+    eta = step_size * state.ready  # 0 on the first call: evaluate where the particles are
+    moved = flow.euler_maruyama(state.particles, state.drift, 0.0, noise, eta, 0.0, temperature)
+    logp, grad_logp, _ = target.logp_and_grads(moved)
+    if repulsion:
+        interaction, kernel, h = _repulsion(moved, bandwidth)
+        drift = grad_logp + repulsion * interaction
+        mmd = repulsion * flow.interaction_energy(kernel)
+    else:
+        drift, mmd, h = grad_logp, pt.as_tensor(0.0), pt.as_tensor(np.nan)
+    finite = pt.all(pt.isfinite(logp)) & pt.all(pt.isfinite(drift))
+
+    def keep(new, old):
+        return pt.switch(finite, new, old)
+
+    new = LangevinState(
+        keep(moved, state.particles),
+        keep(logp, state.logp),
+        keep(drift, state.drift),
+        keep(pt.ones_like(state.ready), state.ready),
+    )
+    objective = keep(-pt.mean(logp) + mmd, -pt.mean(state.logp))
+    info = {"accepted": finite, "mean_v": -pt.mean(new.logp)}
+    info |= {"mmd": mmd, "bandwidth": h}
+    return new, objective, info, (moved, logp, grad_logp)
+
+
+def deep_step(
+    state: DeepState, target: BatchedTarget
+) -> tuple[DeepState, Variable, dict[str, Variable], tuple]:
+    """Per-particle backtracking gradient ascent of ``log p`` (see the module docstring).
+    ``info["decrement"]`` is the largest increase of ``log p`` a particle's next step
+    predicts (nats): small once every particle sits at a mode."""
+    eta = state.step_size * state.ready
+    trial = state.particles + eta[:, None] * state.grad
+    logp, grad_logp, _ = target.logp_and_grads(trial)
+    finite = pt.isfinite(logp) & pt.all(pt.isfinite(grad_logp), axis=1)
+    predicted = eta * pt.sum(pt.square(state.grad), axis=1)
+    armijo = logp >= state.logp + BACKTRACKING.armijo * predicted
+    accepted = finite & (armijo | (state.ready <= 0))
+    first = FIRST_GAIN / pt.maximum(pt.sum(pt.square(grad_logp), axis=1), 1e-300)
+    grown = pt.minimum(state.step_size * BACKTRACKING.grow, MAX_DEEP_STEP)
+    step_size = pt.switch(
+        state.ready > 0,
+        pt.switch(accepted, grown, state.step_size * BACKTRACKING.shrink),
+        first,
+    )
+    kept = accepted[:, None]
+    new = DeepState(
+        pt.switch(kept, trial, state.particles),
+        pt.switch(accepted, logp, state.logp),
+        pt.switch(kept, grad_logp, state.grad),
+        step_size,
+        pt.ones_like(state.ready),
+    )
+    decrement = pt.max(new.step_size * pt.sum(pt.square(new.grad), axis=1))
+    info = {
+        "accepted": pt.any(accepted),
+        "decrement": decrement,
+        "step_size": pt.max(new.step_size),
+        "max_grad": pt.max(pt.sqrt(pt.sum(pt.square(new.grad), axis=1))),
+    }
+    return new, -pt.mean(new.logp), info, (trial, logp, grad_logp)

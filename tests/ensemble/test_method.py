@@ -1,0 +1,151 @@
+"""``pm.fit(method="ensemble")``: deep, Langevin and repulsive Langevin ensembles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pymc as pm
+import pytensor.tensor as pt
+import pytest
+
+from arviz_stats.base import array_stats
+
+import pymc_gpf
+
+from pymc_gpf.ensemble import flow
+from pymc_gpf.target import BatchedTarget
+
+MU, SD = np.array([1.0, -0.5]), np.array([1.0, 0.8])
+
+
+def _gaussian():
+    with pm.Model() as model:
+        pm.Normal("x", MU, SD)
+    return model
+
+
+def _two_modes(centre: float, sd: float):
+    """An equal mixture of N(-centre, sd^2) and N(centre, sd^2) in one dimension."""
+    with pm.Model() as model:
+        x = pm.Flat("x")
+        pm.Potential(
+            "mixture",
+            pt.logsumexp(pt.stack([pm.logp(pm.Normal.dist(m, sd), x) for m in (-centre, centre)])),
+        )
+    return model
+
+
+@pytest.fixture(scope="module")
+def langevin():
+    model = _gaussian()
+    with model:
+        approx = pm.fit(method="ensemble", random_seed=3, progressbar=False)
+    return model, approx
+
+
+def test_langevin_draws_have_the_gaussian_moments_up_to_the_known_step_bias(langevin):
+    """Mean within 4 Monte Carlo standard errors of ``mu``; variance within 4 of the
+    unadjusted scheme's stationary variance at the frozen step (``flow.ula_gaussian_variance``,
+    at most 5 % above ``sigma^2`` by the step rule)."""
+    _, approx = langevin
+    assert approx.outcome.converged, approx.outcome.message
+    control = approx.inference.control
+    draws = approx.draws  # (particles, draws, D)
+    assert draws.shape[0] == 20 and control.burn_in is not None
+    chains = np.moveaxis(draws, -1, 0)  # (D, chain, draw)
+    ess = array_stats.ess(chains, chain_axis=-2, draw_axis=-1, method="mean")
+    mean = draws.mean(axis=(0, 1))
+    np.testing.assert_array_less(np.abs(mean - MU), 4 * SD / np.sqrt(ess))
+    expected = np.array([flow.ula_gaussian_variance(s**2, control.rate) for s in SD])
+    assert np.all(expected <= SD**2 * 1.06)
+    variance = draws.reshape(-1, 2).var(axis=0)
+    # the variance of a sample variance of a Gaussian: 2 s^4 / ESS
+    np.testing.assert_array_less(np.abs(variance - expected), 4 * expected * np.sqrt(2 / ess))
+
+
+def test_the_draws_are_chains_for_arviz(langevin):
+    _, approx = langevin
+    tree = approx.sample(100)
+    x = tree.posterior["x"]
+    assert x.sizes["chain"] == 20 and x.sizes["draw"] == 100
+    rhat = array_stats.rhat(np.moveaxis(x.values, -1, 0), chain_axis=-2, draw_axis=-1)
+    assert np.all(rhat < 1.05)
+    assert tree["ensemble"].attrs["kind"] == "langevin" and tree["ensemble"].attrs["burn_in"] > 0
+
+
+def test_repulsion_towards_zero_is_the_langevin_ensemble():
+    """The MMD term scales with lambda1: with lambda1 = 1e-9 the repulsive ensemble follows
+    the Langevin ensemble's trajectories (same seed, same fixed step) to 1e-6."""
+    model = _gaussian()
+    fits = {}
+    for kind in ("langevin", "repulsive"):
+        with model:
+            fits[kind] = pm.fit(
+                150, method="ensemble", inf_kwargs={"kind": kind, "repulsion": 1e-9},
+                learning_rate=0.05, random_seed=2, progressbar=False, backend="quick_c",
+            )  # fmt: skip
+    np.testing.assert_allclose(
+        fits["repulsive"].particles, fits["langevin"].particles, rtol=0, atol=1e-6
+    )
+    with model:
+        pushed = pm.fit(
+            150, method="ensemble", inf_kwargs={"kind": "repulsive", "repulsion": 50.0},
+            learning_rate=0.05, random_seed=2, progressbar=False, backend="quick_c",
+        )  # fmt: skip
+    # a strong repulsion spreads the ensemble beyond the Langevin one
+    assert pushed.particles.std(axis=0).min() > fits["langevin"].particles.std(axis=0).max()
+
+
+def test_a_deep_ensemble_stops_at_the_modes():
+    model = _two_modes(3.0, 0.5)
+    with model:
+        approx = pm.fit(method="ensemble", inf_kwargs={"kind": "deep"}, random_seed=1,
+                        progressbar=False)  # fmt: skip
+    assert approx.outcome.converged and "mode" in approx.outcome.message
+    x = approx.particles[:, 0]
+    _, grad = BatchedTarget(model).compile_logp_dlogp()(approx.particles)
+    # the stop: every particle's step eta g^2 < tol^2, and backtracking keeps eta >= 1/(2 L)
+    # (L = 1/sd^2 near a mode), so |g| < tol sqrt(2 L) and the distance |g| / L to the mode
+    curvature, tol = 1 / 0.5**2, 0.03
+    assert np.max(np.abs(grad)) < tol * np.sqrt(2 * curvature)
+    assert np.all(np.abs(np.abs(x) - 3.0) < tol * np.sqrt(2 / curvature))
+    assert (x > 0).any() and (x < 0).any()
+    tree = approx.sample()
+    assert tree.posterior["x"].shape == (1, 20)  # the mixture of point masses
+
+
+@pytest.mark.parametrize("kind", ["langevin", "repulsive"])
+def test_the_langevin_kinds_put_half_the_mass_on_each_mode(kind):
+    """Modes at +-1 with sd 0.5 (a barrier of 2 nats: the chains cross it): each mode gets
+    half the draws to within 0.05."""
+    with _two_modes(1.0, 0.5):
+        approx = pm.fit(method="ensemble", inf_kwargs={"kind": kind}, random_seed=5,
+                        progressbar=False)  # fmt: skip
+    share = np.mean(approx.draws[..., 0] > 0)
+    assert abs(share - 0.5) < 0.05, (share, approx.outcome.message)
+
+
+def test_bad_options_are_clear_errors():
+    model = _gaussian()
+    with pytest.raises(ValueError, match="kind must be one of"):
+        pymc_gpf.Ensemble("mcmc", model=model)
+    with pytest.raises(ValueError, match="n_particles must be an integer >= 2"):
+        pymc_gpf.Ensemble(n_particles=1, model=model)
+    with pytest.raises(ValueError, match="temperature must be positive"):
+        pymc_gpf.Ensemble(temperature=0.0, model=model)
+    with model, pytest.raises(ValueError, match="drop learning_rate"):
+        pm.fit(5, method="ensemble", inf_kwargs={"kind": "deep"}, learning_rate=0.1,
+               progressbar=False)  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore:ENSEMBLE did not converge")
+def test_a_saved_ensemble_continues_exactly(tmp_path):
+    model = _gaussian()
+    with model:
+        approx = pm.fit(300, method="ensemble", random_seed=4, progressbar=False)
+        path = approx.save(tmp_path / "ensemble.nc")
+        loaded = pymc_gpf.load(path)
+        approx.refine(60, progressbar=False)
+        loaded.refine(60, progressbar=False)
+    np.testing.assert_array_equal(loaded.particles, approx.particles)
+    np.testing.assert_array_equal(loaded.hist, approx.hist)
+    np.testing.assert_array_equal(loaded.draws, approx.draws)
