@@ -11,7 +11,8 @@ Plain Python between steps (:class:`SamplingControl`, a :class:`pymc_gpf.control
   ends once the objective (mean ``V``, plus the MMD term) has stopped falling between two
   windows (the one-sided 5 % test of :class:`pymc_gpf.control.Stochastic`); ``eta`` is
   then frozen.
-* **Sampling.** Every ``thin``-th state of every particle is a draw (chain = particle). At
+* **Sampling.** Every ``thin``-th state of every particle is a draw (chain = particle); the
+  first half of the draws counts as further burn-in (:meth:`SamplingControl.kept`). At
   geometrically spaced numbers of draws (every 25 %, at least a window apart) the fit
   **converges** once the smallest bulk and tail effective sample size over the coordinates
   reaches ``target_ess`` and the largest rank-normalised split R-hat is below 1.01
@@ -136,9 +137,15 @@ class SamplingControl(Control):
         self.values = []
         return None
 
+    def kept(self) -> list[np.ndarray]:
+        """The draws that count: the second half of those collected (the first half is
+        further burn-in, Gelman & Rubin's halving, so a burn-in that ended too early is
+        discarded as the run grows)."""
+        return self.draws[len(self.draws) // 2 :]
+
     def _check(self) -> str | None:
-        """Bulk and tail ESS and R-hat of the draws so far (chain = particle)."""
-        draws = np.moveaxis(np.asarray(self.draws), 0, -1)  # (particles, D, draws)
+        """Bulk and tail ESS and R-hat of the kept draws (chain = particle)."""
+        draws = np.moveaxis(np.asarray(self.kept()), 0, -1)  # (particles, D, draws)
         draws = np.moveaxis(draws, 1, 0)  # (D, particles, draws)
         bulk = array_stats.ess(draws, chain_axis=-2, draw_axis=-1, method="bulk")
         tail = array_stats.ess(draws, chain_axis=-2, draw_axis=-1, method="tail", prob=0.05)
@@ -152,8 +159,9 @@ class SamplingControl(Control):
     def describe(self, reason):
         if reason == "converged":
             return (
-                f"converged: {len(self.draws)} draws per particle after a burn-in of "
-                f"{self.burn_in} steps; smallest bulk/tail ESS {self.ess:.0f} >= "
+                f"converged: {len(self.kept())} draws per particle after a burn-in of "
+                f"{self.burn_in} steps and {len(self.draws) - len(self.kept())} more; "
+                f"smallest bulk/tail ESS {self.ess:.0f} >= "
                 f"{self.target_ess} and largest R-hat {self.rhat:.3f} < {MAX_RHAT}"
             )
         if reason == "stalled":
@@ -165,7 +173,7 @@ class SamplingControl(Control):
             return "reached the maximum number of steps during burn-in (no draws yet)"
         if reason == "max_steps":
             return (
-                f"reached the maximum number of steps with {len(self.draws)} draws per "
+                f"reached the maximum number of steps with {len(self.kept())} draws per "
                 f"particle (smallest ESS {self.ess:.0f}, target {self.target_ess}; R-hat "
                 f"{self.rhat:.3f})"
             )

@@ -38,8 +38,8 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
 
     @property
     def draws(self) -> np.ndarray:
-        """``(N, S, D)``: every particle's draws after burn-in (deep: ``(1, N, D)``, the
-        particles as the draws of one chain)."""
+        """``(N, S, D)``: every particle's draws after burn-in, the second half of those
+        collected (deep: ``(1, N, D)``, the particles as the draws of one chain)."""
         control = self.inference.control
         if self.inference.config.kind == "deep" or control is None:
             return self.particles[None, :, :]  # one chain: the mixture of point masses
@@ -231,5 +231,5 @@ class Ensemble(FlowInference):
         out = {"lambda1": self.config.repulsion_used, "lambda2": self.config.temperature_used}
         if isinstance(control, SamplingControl):
             out |= {"step_size": control.rate, "burn_in": control.burn_in or -1}
-            out |= {"n_draws": len(control.draws), "ess": control.ess, "rhat": control.rhat}
+            out |= {"n_draws": len(control.kept()), "ess": control.ess, "rhat": control.rhat}
         return out
