@@ -43,11 +43,12 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
         control = self.inference.control
         if self.inference.config.kind == "deep" or control is None:
             return self.particles[None, :, :]  # one chain: the mixture of point masses
-        if not control.draws:
+        kept = control.kept()
+        if not kept:
             raise ValueError(
                 "No draws yet: the ensemble is still burning in. Continue with approx.refine(n)."
             )
-        return np.stack(control.draws, axis=1)
+        return np.stack(kept, axis=1)
 
     def draw(self, draws: int, rng: np.random.Generator) -> np.ndarray:
         """``draws`` points resampled from the collected draws, pooled over particles."""
