@@ -39,6 +39,19 @@ from pymc_gpf.target import BatchedTarget
 __all__ = ["FlowInference", "configure"]
 
 
+def rebuild(cls: type[FlowInference], model: pm.Model, options: dict[str, Any]) -> FlowInference:
+    """An inference rebuilt from :meth:`~FlowInference.constructor_options`, skipping its
+    search for a starting point (a checkpoint's state replaces it)."""
+    options = dict(options)
+    for old, new in cls.renamed_options.items():  # saved by an earlier release
+        if old in options:
+            options[new] = options.pop(old)
+    init = options.pop("init", INITS[0])
+    inference = cls(model=model, init=INITS[0], **options)
+    inference.config = replace(inference.config, init=init)
+    return inference
+
+
 class FlowInference(Inference):
     """Base class of the pymc-gpf methods; a :class:`pymc.variational.Inference`.
 
@@ -93,7 +106,7 @@ class FlowInference(Inference):
     def _describe(self, reason: str) -> str:
         return self.control.describe(reason)
 
-    from_options = classmethod(lambda cls, model, options: rebuild(cls, model, options))
+    from_options = classmethod(rebuild)
 
     def __getattr__(self, name: str) -> Any:
         # a method's options read as attributes (inference.n_particles), from its config
@@ -230,16 +243,3 @@ def configure(inference: FlowInference, *, model=None, random_seed=None, start=N
     if random_seed is not None:
         inference._seed(random_seed)
     inference._approx = inference._initialise()
-
-
-def rebuild(cls: type[FlowInference], model: pm.Model, options: dict[str, Any]) -> FlowInference:
-    """An inference rebuilt from :meth:`~FlowInference.constructor_options`, skipping its
-    search for a starting point (a checkpoint's state replaces it)."""
-    options = dict(options)
-    for old, new in cls.renamed_options.items():  # saved by an earlier release
-        if old in options:
-            options[new] = options.pop(old)
-    init = options.pop("init", INITS[0])
-    inference = cls(model=model, init=INITS[0], **options)
-    inference.config = replace(inference.config, init=init)
-    return inference

@@ -114,18 +114,19 @@ def run(inference, n: int, progressbar: bool, theme) -> None:
     start = inference.state.i
     rate = inference._learning_rates
 
+    done = 0
+
     def observe(free_energy: float, info: dict[str, float]) -> tuple[float, str | None]:
+        nonlocal done
         size = info.get("step_size", float(rate.get_value()[0]))
         grads, densities = inference._evaluations_per_step()
         inference.gradient_evaluations += grads
         inference.density_evaluations += densities
         stop = inference.control.observe(free_energy, info)
-        observe.done += 1
+        done += 1
         if stop is not None:
-            stop = inference._on_stop(stop, start + observe.done)
+            stop = inference._on_stop(stop, start + done)
         return float(size), stop
-
-    observe.done = 0
 
     def describe(free_energy: float, info: dict[str, float], stop: str) -> str:
         why = inference.control.describe(stop) if stop else ""

@@ -30,6 +30,7 @@ __all__ = [
     "CompiledStep",
     "StepGraph",
     "compile_step",
+    "dynamic_rows",
     "leaves",
     "share",
     "standard_normal",
@@ -47,6 +48,12 @@ def standard_normal(rng: SharedVariable, shape: tuple[int, ...]) -> Variable:
     # PyMC's compile collects the generator's update from the graph
     _, draws = pt.random.normal(0.0, 1.0, size=shape, rng=rng, return_next_rng=True)
     return draws
+
+
+def dynamic_rows(name: str, value: np.ndarray) -> tuple:
+    """A :func:`share` shape keeping the first axis (the number of particles) dynamic, so one
+    compiled graph serves any number."""
+    return (None, *value.shape[1:]) if value.ndim else ()
 
 
 def share[S: NamedTuple](

@@ -76,17 +76,14 @@ def interaction_energy(kernel: Variable) -> Variable:
 
 def euler_maruyama(
     particles: Variable,
-    grad_logp: Variable,
-    repulsion_drift: Variable,
+    drift: Variable,
     noise: Variable,
     step_size: Variable,
-    repulsion: float,
     temperature: float,
 ) -> Variable:
-    """One Euler-Maruyama step of the SDE:
-    ``theta + eta (grad log p - lambda1 (1/N) sum_j grad_1 kappa) + sqrt(2 lambda2 eta) xi``,
-    ``xi ~ N(0, I)`` (``noise``)."""
-    drift = grad_logp + repulsion * repulsion_drift if repulsion else grad_logp
+    """One Euler-Maruyama step of the SDE, ``theta + eta drift + sqrt(2 lambda2 eta) xi``
+    with ``drift = grad log p - lambda1 (1/N) sum_j grad_1 kappa`` and ``xi ~ N(0, I)``
+    (``noise``)."""
     moved = particles + step_size * drift
     if temperature:
         moved = moved + pt.sqrt(2.0 * temperature * step_size) * noise

@@ -16,13 +16,9 @@ from pymc_gpf.ensemble.config import EnsembleConfig
 from pymc_gpf.ensemble.control import SamplingControl
 from pymc_gpf.options import FitOptions
 from pymc_gpf.start import initial_centre
-from pymc_gpf.stepgraph import StepGraph, share, standard_normal, updates
+from pymc_gpf.stepgraph import StepGraph, dynamic_rows, share, standard_normal, updates
 
 __all__ = ["Ensemble", "EnsembleApproximation"]
-
-
-def _dynamic_rows(name: str, value: np.ndarray) -> tuple:
-    return (None, *value.shape[1:]) if value.ndim else ()
 
 
 class EnsembleApproximation(ParticlesMixin, FlowApproximation):
@@ -33,7 +29,7 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
     def __init__(self, inference: Ensemble, particles: np.ndarray):
         super().__init__(inference)
         kind = inference.config.kind
-        self.state = share(step.init_state(particles, kind), "ensemble", _dynamic_rows)
+        self.state = share(step.init_state(particles, kind), "ensemble", dynamic_rows)
         self.shared_particles = self.state.particles
 
     @property

@@ -85,7 +85,7 @@ def langevin_step(
     step's ``info`` (``accepted``, ``mean_v``, ``mmd``, ``bandwidth``) and the evaluation
     ``(points, logp, grad)``."""
     eta = step_size * state.ready  # 0 on the first call: evaluate where the particles are
-    moved = flow.euler_maruyama(state.particles, state.drift, 0.0, noise, eta, 0.0, temperature)
+    moved = flow.euler_maruyama(state.particles, state.drift, noise, eta, temperature)
     logp, grad_logp, _ = target.logp_and_grads(moved)
     if repulsion:
         interaction, kernel, h = _repulsion(moved, bandwidth)

@@ -15,7 +15,7 @@ from pymc_gpf.checks import renamed, seed_sequence
 from pymc_gpf.engine import FlowInference
 from pymc_gpf.options import FitOptions
 from pymc_gpf.start import initial_centre
-from pymc_gpf.stepgraph import StepGraph, share, standard_normal, updates
+from pymc_gpf.stepgraph import StepGraph, dynamic_rows, share, standard_normal, updates
 from pymc_gpf.wvgd import flow, step
 from pymc_gpf.wvgd.config import WVGDConfig
 from pymc_gpf.wvgd.mixture import (
@@ -27,11 +27,6 @@ from pymc_gpf.wvgd.mixture import (
 )
 
 __all__ = ["WVGD", "WVGDApproximation"]
-
-
-def _dynamic_rows(name: str, value: np.ndarray) -> tuple:
-    # the number of particles stays a dynamic dimension: one compiled graph serves any J
-    return (None, *value.shape[1:]) if value.ndim else ()
 
 
 class WVGDApproximation(FlowApproximation):
@@ -47,7 +42,7 @@ class WVGDApproximation(FlowApproximation):
 
     def __init__(self, inference: WVGD, particles: np.ndarray, local_scale: float):
         super().__init__(inference)
-        self.state = share(step.init_state(particles, local_scale), "wvgd", _dynamic_rows)
+        self.state = share(step.init_state(particles, local_scale), "wvgd", dynamic_rows)
         self.shared_particles = self.state.particles
 
     @property
