@@ -38,7 +38,7 @@ from typing import Any, Self
 import numpy as np
 
 PYMC_METHODS = ("advi", "fullrank_advi", "svgd")
-OURS = ("gpf", "gf", "wvgd")
+OURS = ("gpf", "gf", "wvgd", "ensemble")
 
 
 # ----------------------------------------------------------------------- settings
@@ -123,6 +123,7 @@ class MethodSpec:
             "gpf": pymc_gpf.GPF,
             "gf": pymc_gpf.GF,
             "wvgd": pymc_gpf.WVGD,
+            "ensemble": pymc_gpf.Ensemble,
             "advi": pm.ADVI,
             "fullrank_advi": pm.FullRankADVI,
             "svgd": pm.SVGD,
@@ -142,6 +143,8 @@ class MethodSpec:
             return int(inference.n_particles) * int(inference.draws_per_particle)
         if self.method == "svgd":
             return int(inference.approx.histogram.get_value().shape[0])
+        if self.method == "ensemble":
+            return int(inference.config.n_particles)
         return int(self.fit_kwargs.get("obj_n_mc", 1))
 
 
@@ -621,6 +624,7 @@ METHOD_COLOURS = {
     "gpf": "C0",
     "gf": "C2",
     "wvgd": "C6",
+    "ensemble": "C5",
     "advi": "C1",
     "fullrank_advi": "C3",
     "svgd": "C4",
@@ -632,6 +636,8 @@ METHOD_COLOURS = {
 def method_key(label: str) -> str:
     """``"gpf"``, ``"fullrank_advi"``, ... from a report label (for colours and grouping)."""
     low = label.lower()
+    if "ensemble" in low:
+        return "ensemble"
     for key in ("fullrankadvi", "advi", "gpf", "gf", "wvgd", "svgd", "nuts"):
         if low.startswith(key):
             return "fullrank_advi" if key == "fullrankadvi" else key

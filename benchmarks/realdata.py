@@ -498,8 +498,9 @@ def flat_sample(approx, draws: int, seed: int) -> np.ndarray:
     """Points of a fitted q in flat unconstrained space ``(S, D)``, cheaply and for any
     method: ``draws`` draws of pymc-gpf's approximations and of PyMC's Gaussian ones (read
     from their parameters with NumPy, no compilation), the particles themselves for PyMC's
-    SVGD (equally weighted, so no resampling noise). NaN rows if q cannot be sampled (a
-    WVGD cell that rejects all its local Gaussian's draws)."""
+    SVGD (equally weighted, so no resampling noise), and those of a Langevin ensemble still
+    burning in (no draws yet). NaN rows if q cannot be sampled (a WVGD cell that rejects
+    all its local Gaussian's draws)."""
     import pymc_gpf
 
     rng = np.random.default_rng(seed)
@@ -508,6 +509,8 @@ def flat_sample(approx, draws: int, seed: int) -> np.ndarray:
             return approx.draw(draws, rng)
         except RuntimeError:  # WVGD: a cell whose local Gaussian misses it; a failed read
             return np.full((draws, approx.target.ndim), np.nan)
+        except ValueError:  # a Langevin ensemble still burning in: its current particles
+            return approx.particles[rng.integers(len(approx.particles), size=draws)]
     if hasattr(approx, "histogram"):  # PyMC's Empirical (SVGD)
         return np.asarray(approx.histogram.get_value())
     mean, scale = pymc_gaussian(approx)

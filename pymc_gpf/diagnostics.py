@@ -315,6 +315,8 @@ def diagnose(
         raise ValueError(f"draws must be an integer >= 10, got {draws!r}.")
     rng = np.random.default_rng(seed_sequence(random_seed))
     q, undefined = approx.proposal(_regularize_option(regularize), rng)
+    if q is None:  # nothing to draw from: an ensemble's point masses
+        raise ValueError(f"diagnose has no q to draw from: {undefined}.")
     points = q.sample(int(draws), rng)
     log_q = q.logpdf(points)
     log_p = approx.log_density(points)

@@ -498,6 +498,17 @@ class BatchedTarget(_FlatLayout):
             for var in ancestors([self._logp])
         )
 
+    @cached_property
+    def minibatch_fraction(self) -> float:
+        """The smallest fraction of its data's rows a ``pm.Minibatch`` reads in one
+        evaluation (1 without minibatches)."""
+        fractions = [
+            var.owner.outputs[0].shape[0].eval() / var.owner.inputs[0].shape[0].eval()
+            for var in ancestors([self._logp])
+            if var.owner is not None and isinstance(var.owner.op, MinibatchOp)
+        ]
+        return float(min(fractions, default=1.0))
+
     # ----------------------------------------------------------------- starting point
     def start_vector(self, start: dict | None = None, random_seed=None) -> np.ndarray:
         """The flat unconstrained starting point: the model's initial point updated by

@@ -299,14 +299,17 @@ def minibatch_regression():
     return model, cov @ x.T @ y, np.sqrt(np.diag(cov))
 
 
-@pytest.mark.parametrize("method", ["gpf", "gf", "wvgd"])
+@pytest.mark.parametrize("method", ["gpf", "gf", "wvgd", "ensemble"])
 def test_a_minibatch_regression_fits_at_defaults(minibatch_regression, method):
     """No argument but the seed: the fit converges (the averaged iterate's Monte Carlo error
-    below tol = 0.05 sds) and matches the closed-form posterior."""
+    below tol = 0.05 sds; the Langevin ensemble, SGLD: ESS 400) and matches the closed-form
+    posterior. (The ensemble's step rule for minibatches matters: at the full-data step the
+    gradient noise inflates its sds by 50-85 % here.)"""
     model, mean, sd = minibatch_regression
     approx = pm.fit(method=method, model=model, random_seed=1, progressbar=False)
     assert approx.outcome.converged
     draws = approx.sample(20_000, random_seed=0, return_inferencedata=False)["w"]
+    draws = draws.reshape(-1, draws.shape[-1])  # an ensemble's are (chain, draw, 3)
     np.testing.assert_array_less(np.abs(draws.mean(0) - mean) / sd, 0.2)
     tolerance = 0.1 if method != "wvgd" else 0.4  # WVGD: 5 truncated local Gaussians
     np.testing.assert_array_less(np.abs(draws.std(0) / sd - 1), tolerance)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from pymc_gpf.checks import is_integer, positive
 from pymc_gpf.config import MethodConfig
 
@@ -25,6 +27,7 @@ class EnsembleConfig(MethodConfig):
     init_scale: float = 1.0
     thin: int = 1
     target_ess: int = 400
+    precondition: bool = True
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -39,7 +42,10 @@ class EnsembleConfig(MethodConfig):
         for name in ("thin", "target_ess"):
             if not is_integer(getattr(self, name), 1):
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}.")
+        if not isinstance(self.precondition, bool | np.bool_):
+            raise ValueError(f"precondition must be True or False, got {self.precondition!r}.")
         self._normalise(
+            precondition=bool(self.precondition),
             n_particles=int(self.n_particles),
             temperature=positive("temperature", self.temperature),
             repulsion=positive("repulsion", self.repulsion),

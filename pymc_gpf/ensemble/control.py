@@ -7,16 +7,30 @@ Plain Python between steps (:class:`SamplingControl`, a :class:`pymc_gpf.control
   (:func:`pymc_gpf.ensemble.flow.ula_gaussian_variance`), so ``eta = 0.1 / L`` with ``L``
   the largest curvature of ``V`` bounds that bias by 5 %. ``L`` is measured at every step
   from the ensemble itself (:func:`curvature`: the largest Rayleigh quotient of the drift's
-  Jacobian over the particles' span, exact for a Gaussian target once ``N > D``). Burn-in
-  ends once the objective (mean ``V``, plus the MMD term) has stopped falling between two
-  windows (the one-sided 5 % test of :class:`pymc_gpf.control.Stochastic`); ``eta`` is
-  then frozen.
+  Jacobian over the particles' span, exact for a Gaussian target once ``N > D``; on the
+  whole data set also along each particle's last move, :func:`move_curvature`, which sees
+  inside a mode when the particles sit in several). With a
+  preconditioner ``M`` the same holds in its metric (``L`` the largest eigenvalue of
+  ``M A``); ``M`` is re-estimated at the end of every window from the ensemble's covariance
+  (:func:`ensemble_preconditioner`), so that a badly scaled or correlated posterior mixes
+  as fast as a round one. Burn-in ends once the objective (mean ``V``, plus the MMD term)
+  has stopped falling between two windows (the one-sided 5 % test of
+  :class:`pymc_gpf.control.Stochastic`); ``eta`` and ``M`` are then frozen.
+* **Minibatches** (SGLD). When every step reads a fraction ``f`` of the rows, the gradient's
+  noise has about ``(1/f - 1)`` times the likelihood's curvature as covariance (the Fisher
+  identity, for a well-specified model), which adds ``eta^2 (1/f - 1) L`` to the
+  ``2 eta`` of injected variance per step in the stiffest preconditioned direction; at the
+  end of burn-in ``eta`` is therefore multiplied by ``f``, which keeps the total excess
+  variance near the same 5 % (burn-in itself runs at ``0.1 / L``: its bias is discarded).
 * **Sampling.** Every ``thin``-th state of every particle is a draw (chain = particle); the
   first half of the draws counts as further burn-in (:meth:`SamplingControl.kept`). At
-  geometrically spaced numbers of draws (every 25 %, at least a window apart) the fit
+  geometrically spaced numbers of draws (every 25 %, at least a window and D draws apart) the fit
   **converges** once the smallest bulk and tail effective sample size over the coordinates
-  reaches ``target_ess`` and the largest rank-normalised split R-hat is below 1.01
-  (Vehtari et al. 2021, through arviz-stats).
+  reaches ``target_ess`` and the largest rank-normalised split R-hat (Vehtari et al. 2021,
+  through arviz-stats) is within 1.01 times what ``N`` well-mixed chains of that ESS show
+  (:meth:`SamplingControl._check`).
+* Draws are kept in memory up to ``MAX_STORED`` numbers (``N D`` per draw); beyond, every
+  other one is dropped and ``thin`` doubles (a large model's long run stays within 160 MB).
 * A move the step refused (non-finite) quarters ``eta``; 30 in a row **stall** the fit.
 """
 
@@ -31,27 +45,98 @@ import numpy as np
 from arviz_stats.base import array_stats
 
 from pymc_gpf.control import Z_ONE_SIDED_5, Control
+from pymc_gpf.ensemble import flow
 
-__all__ = ["SamplingControl"]
+__all__ = ["SamplingControl", "curvature", "ensemble_preconditioner", "move_curvature"]
 
 STEP_PER_CURVATURE = 0.1  # eta * L: at most 5 % excess variance on a Gaussian target
 MAX_RHAT = 1.01
+MAX_STORED = 20_000_000  # numbers kept as draws (160 MB); beyond, the draws are thinned
+RIDGE = 1e-6  # the least weight of the diagonal in the preconditioner
 
 
-def curvature(particles: np.ndarray, drift: np.ndarray) -> float:
-    """The largest curvature of the potential over the ensemble's span: with deviations
-    ``Z`` and drift deviations ``G``, a quadratic ``V`` has ``G = -Z A``, and the largest
-    eigenvalue of ``A`` on ``span(Z^T)`` is that of ``S^(-1/2) U^T (-G Z^T) U S^(-1/2)``
-    (``Z Z^T = U S U^T``): an ``N x N`` problem, never ``D x D``."""
+def curvature(
+    particles: np.ndarray,
+    drift: np.ndarray,
+    preconditioner: tuple[np.ndarray, np.ndarray] | None = None,
+) -> float:
+    """The largest curvature of the potential over the ensemble's span, in the metric of the
+    preconditioner ``M = diag(d) + F^T F`` (the largest eigenvalue of ``M A``; ``M = I`` if
+    ``None``). With deviations ``Z`` and drift deviations ``G``, a quadratic ``V`` has
+    ``G = -Z A``; over ``span(Z^T)`` that eigenvalue is the largest of the pencil
+    ``(-G Z^T, Z M^(-1) Z^T)``, an ``N x N`` problem (:func:`_inverse_gram`), never
+    ``D x D``; exact for a Gaussian target once ``N > D``."""
     z = particles - particles.mean(axis=0)
     g = drift - drift.mean(axis=0)
-    values, vectors = np.linalg.eigh(z @ z.T)
+    gram = z @ z.T if preconditioner is None else _inverse_gram(z, *preconditioner)
+    values, vectors = np.linalg.eigh(0.5 * (gram + gram.T))
     keep = values > values[-1] * len(z) * np.finfo(float).eps
     if not keep.any():
         return float("nan")
     basis = vectors[:, keep] / np.sqrt(values[keep])
     hessian = basis.T @ (-g @ z.T) @ basis
     return float(np.max(np.linalg.eigvalsh(0.5 * (hessian + hessian.T))))
+
+
+def _inverse_gram(z: np.ndarray, diagonal: np.ndarray, factor: np.ndarray) -> np.ndarray:
+    """``Z M^(-1) Z^T`` for ``M = diag(d) + F^T F`` without cancellation (the diagonal may be
+    a millionth of the factor's scale): with ``d^(-1/2) F^T = V s U^T`` (thin SVD),
+    ``d^(1/2) M^(-1) d^(1/2) = (I - V V^T) + V (1 + s^2)^(-1) V^T``, and the first term is
+    applied as the residual of ``Z d^(-1/2)`` off ``span(V)``. ``O(N D min(N, D))``."""
+    root = np.sqrt(diagonal)
+    scaled = z / root
+    _, s, vt = np.linalg.svd(factor / root, full_matrices=False)
+    along = scaled @ vt.T
+    residual = scaled - along @ vt
+    return residual @ residual.T + (along / (1.0 + s**2)) @ along.T
+
+
+def move_curvature(
+    moves: np.ndarray, drift_changes: np.ndarray, preconditioner: tuple | None = None
+) -> float:
+    """The largest curvature of the potential along the particles' last moves, in the
+    preconditioner's metric: ``-dg . dtheta / |dtheta|^2_(M^-1)`` per particle. Each move
+    is local, so this sees the curvature inside a mode even when the particles sit in
+    different ones (where :func:`curvature`'s secants between particles do not). Only on
+    the whole data set: with minibatches the two drifts come from different rows."""
+    if preconditioner is None:
+        lengths = np.sum(moves**2, axis=1)
+    else:
+        lengths = np.diag(_inverse_gram(moves, *preconditioner))
+    moved = lengths > 0
+    if not moved.any():
+        return float("nan")
+    return float(np.max(-np.sum(drift_changes * moves, axis=1)[moved] / lengths[moved]))
+
+
+def ensemble_preconditioner(deviations: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """``M`` as ``(diagonal, factor)`` from the ensemble's deviations from its mean at every
+    step of the last window; the factor has :func:`~pymc_gpf.ensemble.flow.factor_rows`
+    rows.
+
+    With ``D`` rows, ``M`` is the deviations' pooled covariance ``S`` (its Cholesky factor;
+    a ``RIDGE`` of its diagonal keeps it positive definite): a window's states estimate
+    ``S`` far better than the ``N`` particles of one step, whose spread of eigenvalues
+    (Marchenko-Pastur) would set a smaller ``eta``. With ``N`` rows (``D > 4 N``),
+    ``M = alpha diag(v) + (1 - alpha) S_now``: the current ensemble's covariance (rank
+    ``N - 1``, factor its scaled deviations) and the window's averaged variances ``v``, with
+    ``alpha = 1 - (N - 1) / D`` the share of the dimensions the deviations cannot span.
+    More of the diagonal would inflate ``M`` in a posterior's narrow, correlated directions,
+    and with it the curvature that sets ``eta``. (The spread between particles, not each
+    particle's own: over a window a particle explores too little of a wide direction to
+    estimate it, and the shortfall would feed on itself.)"""
+    n, d = deviations[-1].shape
+    floor = np.finfo(float).tiny ** 0.5  # a coordinate that did not move keeps a scale
+    if flow.factor_rows(n, d) == d:
+        pooled = np.concatenate(deviations)
+        covariance = pooled.T @ pooled / (len(pooled) - len(deviations))
+        variances = np.maximum(np.diag(covariance), floor)
+        factor = np.linalg.cholesky(covariance + RIDGE * np.diag(variances)).T
+        return RIDGE * variances, factor
+    variances = np.mean([np.sum(z**2, axis=0) for z in deviations], axis=0) / (n - 1)
+    alpha = 1.0 - (n - 1) / d
+    factor = np.sqrt((1.0 - alpha) / (n - 1)) * deviations[-1]
+    return alpha * np.maximum(variances, floor), factor
 
 
 def _window_stats(values: list[float]) -> tuple[float, float]:
@@ -64,7 +149,12 @@ class SamplingControl(Control):
     """Burn-in, step-size adaptation, draws and the convergence test of a Langevin ensemble.
 
     ``particles()`` returns the current particles ``(N, D)`` and their drift; ``set_rate(eta)``
-    sets the step size of the compiled step. ``adapt=False`` keeps a fixed ``learning_rate``.
+    sets the step size of the compiled step (multiplied by ``minibatch_fraction`` once burn-in
+    ends); ``preconditioner(values)`` sets the
+    preconditioner ``(diagonal, factor)`` and returns it (``None``: no preconditioning).
+    ``adapt=False`` keeps a fixed ``learning_rate``. Every step's mean ``V`` and MMD term are
+    kept in :attr:`trace` with the kernel's bandwidth (the ``fit`` group's ``mean_v``, ``mmd``
+    and ``bandwidth``).
     """
 
     kind = "sampling"
@@ -76,6 +166,8 @@ class SamplingControl(Control):
         particles: Callable[[], np.ndarray],
         set_rate: Callable[[float], None],
         rate: float,
+        preconditioner: Callable | None = None,
+        minibatch_fraction: float = 1.0,
         adapt: bool = True,
         thin: int = 1,
         target_ess: int = 400,
@@ -85,20 +177,27 @@ class SamplingControl(Control):
     ):
         super().__init__(tol)
         self._particles, self._set_rate = particles, set_rate
+        self._preconditioner = preconditioner
+        self.minibatch_fraction = minibatch_fraction
         self.rate, self.adapt, self.thin, self.target_ess = rate, adapt, thin, target_ess
         self.window, self.min_burn_in, self.max_rejections = window, min_burn_in, max_rejections
         self.steps = self.rejections = 0
         self.burn_in: int | None = None  # the step burn-in ended at
         self.draws: list[np.ndarray] = []
         self.values: list[float] = []
+        self.deviations: list[np.ndarray] = []  # the ensemble's deviations in this window
+        self.last: tuple[np.ndarray, np.ndarray] | None = None  # the last particles, drift
+        self.trace: dict[str, list[float]] = {"mean_v": [], "mmd": [], "bandwidth": []}
         self.curvature = float("nan")
         self.shrink = 1.0  # the guard's factor on the curvature's step size
         self.previous: list[float] | None = None
-        self.ess = self.rhat = float("nan")
+        self.ess = self.rhat = self.rhat_excess = float("nan")
         self.next_check = window  # the number of draws at which to test convergence next
         self._set_rate(self.rate)
 
     def observe(self, free_energy, info):
+        for key, values in self.trace.items():
+            values.append(info[key])
         if not info["accepted"]:
             self.rejections += 1
             self.rate /= 4.0
@@ -111,21 +210,40 @@ class SamplingControl(Control):
             return self._burn(float(free_energy))
         if (self.steps - self.burn_in) % self.thin == 0:
             self.draws.append(np.array(self._particles()[0]))
+            if len(self.draws) == 1:  # the first check, no sooner than the later spacing
+                self.next_check = max(self.next_check, self.draws[0].shape[1])
+            if len(self.draws) * self.draws[0].size > MAX_STORED:
+                self._thin_out()
         if len(self.draws) >= self.next_check:
-            # checks at geometrically spaced counts: each costs O(draws), so all of them
-            # together cost a constant factor of the last one
-            self.next_check = max(self.next_check + self.window, int(1.25 * len(self.draws)))
+            # checks at geometrically spaced counts, each costs O(D draws): all of them
+            # together cost a constant factor of the last one. A check costs about a
+            # millisecond per coordinate (arviz-stats), so they are at least D draws apart.
+            spacing = max(self.window, self.draws[0].shape[1])
+            self.next_check = max(self.next_check + spacing, int(1.25 * len(self.draws)))
             return self._check()
         return None
 
     def _burn(self, value: float) -> None:
+        self.values.append(value)
+        particles, drift = self._particles()
+        window_ends = len(self.values) == self.window
+        if self.adapt and self._preconditioner is not None:
+            self.deviations.append(particles - particles.mean(axis=0))
+            if window_ends:
+                self._preconditioner(ensemble_preconditioner(self.deviations))
+                self.deviations = []
         if self.adapt:
-            self.curvature = curvature(*self._particles())
+            metric = self._preconditioner() if self._preconditioner is not None else None
+            self.curvature = curvature(particles, drift, metric)
+            # on minibatches the drift of the last step saw other rows: its change is noise
+            if self.last is not None and self.minibatch_fraction == 1:
+                moves = move_curvature(particles - self.last[0], drift - self.last[1], metric)
+                self.curvature = float(np.nanmax([self.curvature, moves]))
+            self.last = np.array(particles), np.array(drift)
             if np.isfinite(self.curvature) and self.curvature > 0:
                 self.rate = self.shrink * STEP_PER_CURVATURE / self.curvature
                 self._set_rate(self.rate)
-        self.values.append(value)
-        if len(self.values) < self.window:
+        if not window_ends:
             return None
         current = _window_stats(self.values)
         previous, self.previous = self.previous, current
@@ -134,8 +252,19 @@ class SamplingControl(Control):
         )
         if self.steps >= self.min_burn_in and not falling:
             self.burn_in = self.steps
+            if self.adapt and self.minibatch_fraction < 1:
+                self.rate *= self.minibatch_fraction
+                self._set_rate(self.rate)
         self.values = []
         return None
+
+    def _thin_out(self) -> None:
+        """Keep every other draw and double ``thin``: the draws then stay within
+        ``MAX_STORED`` numbers whatever the run's length. Draw ``i`` was taken ``thin (i + 1)``
+        steps after burn-in, so the odd ones are those on the doubled grid."""
+        self.draws = self.draws[1::2]
+        self.thin *= 2
+        self.next_check = max(len(self.draws) + 1, self.next_check // 2)
 
     def kept(self) -> list[np.ndarray]:
         """The draws that count: the second half of those collected (the first half is
@@ -144,7 +273,11 @@ class SamplingControl(Control):
         return self.draws[len(self.draws) // 2 :]
 
     def _check(self) -> str | None:
-        """Bulk and tail ESS and R-hat of the kept draws (chain = particle)."""
+        """Bulk and tail ESS and R-hat of the kept draws (chain = particle). ``N`` split
+        chains that mix perfectly still show ``R-hat^2 = 1 + 2N / ESS`` (between-chain
+        variance of means of ``ESS / 2N`` effective draws each; Margossian et al. 2024 on
+        many short chains), so a fixed 1.01 would ask for 50 effective draws per particle:
+        R-hat is compared with 1.01 times that value (:attr:`rhat_excess`)."""
         draws = np.moveaxis(np.asarray(self.kept()), 0, -1)  # (particles, D, draws)
         draws = np.moveaxis(draws, 1, 0)  # (D, particles, draws)
         bulk = array_stats.ess(draws, chain_axis=-2, draw_axis=-1, method="bulk")
@@ -152,7 +285,9 @@ class SamplingControl(Control):
         rhat = array_stats.rhat(draws, chain_axis=-2, draw_axis=-1)
         self.ess = float(np.min(np.minimum(bulk, tail)))
         self.rhat = float(np.max(rhat))
-        if self.ess >= self.target_ess and self.rhat < MAX_RHAT:
+        chains = 2 * draws.shape[1]
+        self.rhat_excess = float(np.max(rhat / np.sqrt(1.0 + chains / bulk)))
+        if self.ess >= self.target_ess and self.rhat_excess < MAX_RHAT:
             return "converged"
         return None
 
@@ -161,8 +296,9 @@ class SamplingControl(Control):
             return (
                 f"converged: {len(self.kept())} draws per particle after a burn-in of "
                 f"{self.burn_in} steps and {len(self.draws) - len(self.kept())} more; "
-                f"smallest bulk/tail ESS {self.ess:.0f} >= "
-                f"{self.target_ess} and largest R-hat {self.rhat:.3f} < {MAX_RHAT}"
+                f"smallest bulk/tail ESS {self.ess:.0f} >= {self.target_ess} and largest "
+                f"R-hat {self.rhat:.3f}, {self.rhat_excess:.3f} times that of as many mixed "
+                f"chains, < {MAX_RHAT}"
             )
         if reason == "stalled":
             return (
@@ -175,6 +311,7 @@ class SamplingControl(Control):
             return (
                 f"reached the maximum number of steps with {len(self.kept())} draws per "
                 f"particle (smallest ESS {self.ess:.0f}, target {self.target_ess}; R-hat "
-                f"{self.rhat:.3f})"
+                f"{self.rhat:.3f}, {self.rhat_excess:.3f} times that of as many mixed chains, "
+                f"target {MAX_RHAT})"
             )
         return super().describe(reason)

@@ -29,11 +29,15 @@ from pytensor.graph.basic import Variable
 
 __all__ = [
     "euler_maruyama",
+    "factor_rows",
     "interaction_drift",
     "interaction_energy",
     "median_bandwidth",
+    "precondition",
+    "preconditioned_noise",
     "rbf_kernel",
     "squared_distances",
+    "ula_gaussian_covariance",
     "ula_gaussian_variance",
 ]
 
@@ -88,6 +92,50 @@ def euler_maruyama(
     if temperature:
         moved = moved + pt.sqrt(2.0 * temperature * step_size) * noise
     return moved
+
+
+DENSE_FACTOR = 4  # a factor of D rows up to D = 4 N still costs O(N^2 D) per step
+
+
+def factor_rows(n_particles: int, ndim: int) -> int:
+    """``K``, the rows of the preconditioner's factor: ``D`` (a full-rank factor) while
+    ``O(N K D)`` stays ``O(N^2 D)``, otherwise ``N`` (the ensemble's span)."""
+    return ndim if ndim <= DENSE_FACTOR * n_particles else n_particles
+
+
+def precondition(vectors: Variable, diagonal: Variable, factor: Variable) -> Variable:
+    """``M v`` for every row ``v`` of ``vectors`` with ``M = diag(diagonal) + F^T F`` (``F``:
+    ``factor``, ``K x D``): ``O(N K D)``, ``M`` never formed. A constant ``M`` leaves the
+    stationary law of ``d theta = M grad log p dt + sqrt(2 M) dB`` unchanged (and the fixed
+    points of the interacting flow, which it follows in the metric ``M^(-1)``)."""
+    return vectors * diagonal + pt.dot(pt.dot(vectors, factor.T), factor)
+
+
+def preconditioned_noise(
+    noise: Variable, factor_noise: Variable, diagonal: Variable, factor: Variable
+) -> Variable:
+    """Rows distributed ``N(0, M)`` from ``noise ~ N(0, I_D)`` and ``factor_noise ~ N(0, I_K)``
+    (one row per particle): ``sqrt(diagonal) xi + F^T zeta``."""
+    return noise * pt.sqrt(diagonal) + pt.dot(factor_noise, factor)
+
+
+def ula_gaussian_covariance(
+    covariance: np.ndarray, step_size: float, preconditioner: np.ndarray | None = None,
+    temperature: float = 1.0,
+) -> np.ndarray:  # fmt: skip
+    """The stationary covariance of the preconditioned unadjusted Langevin scheme on
+    ``N(mu, Sigma)``, ``theta' = theta - eta M Sigma^(-1) (theta - mu) + sqrt(2 lambda2 eta)
+    M^(1/2) xi``: with ``M = L L^T`` and ``B = L^T Sigma^(-1) L``, ``u = L^(-1) theta`` is an
+    AR(1) process with ``a = I - eta B``, so ``Cov = lambda2 L B^(-1) (I - eta B / 2)^(-1)
+    L^T`` (:func:`ula_gaussian_variance` in every eigendirection of ``B``)."""
+    d = len(covariance)
+    root = np.linalg.cholesky(np.eye(d) if preconditioner is None else preconditioner)
+    b = root.T @ np.linalg.solve(covariance, root)
+    values, vectors = np.linalg.eigh(0.5 * (b + b.T))
+    if not np.all((0 < step_size * values) & (step_size * values < 2.0)):
+        return np.full((d, d), np.inf)
+    inner = (vectors / (values * (1.0 - step_size * values / 2.0))) @ vectors.T
+    return temperature * root @ inner @ root.T
 
 
 def ula_gaussian_variance(variance: float, step_size: float, temperature: float = 1.0) -> float:

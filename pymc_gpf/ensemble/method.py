@@ -11,7 +11,7 @@ from pymc_gpf.checks import is_integer
 from pymc_gpf.control import Control, Deterministic
 from pymc_gpf.datatree import build_datatree
 from pymc_gpf.engine import FlowInference
-from pymc_gpf.ensemble import step
+from pymc_gpf.ensemble import flow, step
 from pymc_gpf.ensemble.config import EnsembleConfig
 from pymc_gpf.ensemble.control import SamplingControl
 from pymc_gpf.options import FitOptions
@@ -81,6 +81,24 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
             method_group=self.method_group(), chains=True,
         )  # fmt: skip
 
+    def fit_group(self) -> xr.Dataset:
+        """The ``fit`` group with the objective of the kind on ``step`` (``free_energy``:
+        mean ``V`` plus the MMD term ``(lambda1 / 2) mean_ij K_ij``; the entropy term of
+        the Langevin kinds has no particle estimate), and for the Langevin kinds its two
+        parts ``mean_v`` and ``mmd`` and the kernel's ``bandwidth``."""
+        ds = super().fit_group()
+        control = self.inference.control
+        if isinstance(control, SamplingControl):
+            n = ds.sizes["step"]
+            for key, values in control.trace.items():
+                values = np.asarray(values[len(values) - n :] if n else [], dtype=float)
+                # steps of an earlier fit() than the controller's own are not in its trace
+                ds[key] = "step", np.pad(values, (n - len(values), 0), constant_values=np.nan)
+        ds.attrs["definition"] = (
+            "free energy = mean V + (lambda1 / 2) mean_ij kappa(theta_i, theta_j), V = -log p"
+        )
+        return ds
+
     def _method_group(self) -> xr.Dataset:
         return self._points_dataset(self.particles, "particle", self.inference.settings())
 
@@ -119,16 +137,21 @@ class Ensemble(FlowInference):
     thin, target_ess
         Keep every ``thin``-th state as a draw; the Langevin kinds stop once the draws'
         smallest bulk and tail ESS reach ``target_ess`` (default 400) with R-hat < 1.01.
+    precondition
+        With the automatic step size (the default), precondition the Langevin kinds by the
+        ensemble's own covariance, re-estimated during burn-in and then frozen (default
+        ``True``); ``False`` runs the paper's plain scheme.
     model, random_seed, start
         As in ``pm.fit``.
 
     Notes
     -----
-    At the automatic step size (the default) the Langevin kinds adapt ``eta`` during
-    burn-in towards a MALA acceptance of 0.574, detect the end of burn-in, then freeze it
+    At the automatic step size (the default) the Langevin kinds set ``eta`` during burn-in
+    from the largest curvature of ``V`` the ensemble sees (in the preconditioner's metric),
+    re-estimate the preconditioner, detect the end of burn-in, then freeze both
     (:mod:`pymc_gpf.ensemble.control`). The unadjusted scheme keeps an ``O(eta)`` bias
-    (:func:`pymc_gpf.ensemble.flow.ula_gaussian_variance` gives it for a Gaussian). A fixed
-    ``learning_rate`` sets ``eta`` instead. The fit keywords are those of
+    (:func:`pymc_gpf.ensemble.flow.ula_gaussian_covariance` gives it for a Gaussian). A fixed
+    ``learning_rate`` sets ``eta`` of the plain scheme instead. The fit keywords are those of
     :meth:`pymc_gpf.GPF.fit`.
     """
 
@@ -147,13 +170,14 @@ class Ensemble(FlowInference):
         init_scale: float = 1.0,
         thin: int = 1,
         target_ess: int = 400,
+        precondition: bool = True,
         model: pm.Model | None = None,
         random_seed=None,
         start: dict | None = None,
     ):
         self.config = EnsembleConfig(
             kind, n_particles, temperature, repulsion, bandwidth, init, init_scale, thin,
-            target_ess,
+            target_ess, precondition,
         )  # fmt: skip
         super().__init__(model=model, random_seed=random_seed, start=start)
 
@@ -174,14 +198,16 @@ class Ensemble(FlowInference):
                 "hyperparameters. Use method='gpf', 'gf' or 'wvgd'."
             )
         if config.kind == "deep":
-            if not options.auto:
-                raise ValueError(
-                    "The deep ensemble finds its step sizes by backtracking; drop "
-                    "learning_rate (it applies to the Langevin kinds)."
-                )
+            _check_deep(options, self.target)
             new, objective, info, (points, logp, grad) = step.deep_step(state, self.target)
         else:
-            noise = standard_normal(self.noise_rng, (config.n_particles, self.target.ndim))
+            n, d = config.n_particles, self.target.ndim
+            precondition = self._preconditioned(options)
+            if precondition:  # one draw: the generator updates once a step
+                draws = standard_normal(self.noise_rng, (n, d + flow.factor_rows(n, d)))
+                noise = draws[:, :d], draws[:, d:]
+            else:
+                noise = standard_normal(self.noise_rng, (n, d)), None
             new, objective, info, (points, logp, grad) = step.langevin_step(
                 state, noise, self.learning_rates[0], self.target, config.temperature_used,
                 config.repulsion_used, config.bandwidth,
@@ -190,6 +216,9 @@ class Ensemble(FlowInference):
             objective, points, logp, grad, new.particles, updates(state, new), info=info,
             guarded=False,
         )  # fmt: skip
+
+    def _preconditioned(self, options: FitOptions) -> bool:
+        return self.config.precondition and options.auto
 
     def _control(self, options: FitOptions) -> Control:
         if self.config.kind == "deep":
@@ -206,11 +235,22 @@ class Ensemble(FlowInference):
             set_rate=lambda eta: self._learning_rates.set_value(
                 np.full(2, eta, dtype=self.target.dtype)
             ),
+            preconditioner=self._preconditioner if self._preconditioned(options) else None,
+            minibatch_fraction=self.target.minibatch_fraction,
             rate=rate,
             adapt=auto,
             thin=self.config.thin,
             target_ess=self.config.target_ess,
         )
+
+    def _preconditioner(self, values: tuple[np.ndarray, np.ndarray] | None = None):
+        """The preconditioner's ``(diagonal, factor)``, set to ``values`` if given."""
+        state = self.approx.state
+        shared = state.preconditioner_diagonal, state.preconditioner_factor
+        if values is not None:
+            for var, value in zip(shared, values, strict=True):
+                var.set_value(np.asarray(value, dtype=self.target.dtype))
+        return tuple(var.get_value() for var in shared)
 
     def _describe(self, reason: str) -> str:
         if reason == "converged" and self.config.kind == "deep":
@@ -228,5 +268,25 @@ class Ensemble(FlowInference):
         out = {"lambda1": self.config.repulsion_used, "lambda2": self.config.temperature_used}
         if isinstance(control, SamplingControl):
             out |= {"step_size": control.rate, "burn_in": control.burn_in or -1}
+            if control.trace["bandwidth"]:
+                out["bandwidth_used"] = control.trace["bandwidth"][-1]
             out |= {"n_draws": len(control.kept()), "ess": control.ess, "rhat": control.rhat}
+            out["thin_used"] = control.thin
+            out["rhat_excess"] = control.rhat_excess
         return out
+
+
+def _check_deep(options: FitOptions, target) -> None:
+    """What a deep ensemble's per-particle line search needs: its own step sizes, and the
+    whole data set (on ``pm.Minibatch`` data it would compare two noisy log-densities)."""
+    if not options.auto:
+        raise ValueError(
+            "The deep ensemble finds its step sizes by backtracking; drop learning_rate (it "
+            "applies to the Langevin kinds)."
+        )
+    if target.minibatch:
+        raise ValueError(
+            "The deep ensemble's line search compares log-densities, which pm.Minibatch data "
+            "make noisy: give the model the whole data set, or use kind='langevin' (SGLD "
+            "on minibatches)."
+        )

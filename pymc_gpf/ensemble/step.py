@@ -7,7 +7,9 @@
   0.1 nats (``eta = 0.1 / |g|^2``): a local move whatever the posterior's scale, from which
   doubling reaches the curvature's scale in a few steps.
 * **Langevin and repulsive Langevin** (``lambda2 > 0``): one Euler-Maruyama step of the SDE
-  with the step size ``eta`` the controller sets. The state carries the drift at the current
+  with the step size ``eta`` the controller sets, preconditioned by the constant matrix
+  ``M = diag(d) + F^T F`` the state carries (:func:`pymc_gpf.ensemble.flow.precondition`;
+  the identity unless the controller sets it). The state carries the drift at the current
   particles, so a step evaluates the batched log-density and gradient once, at the moved
   particles.
 """
@@ -33,13 +35,16 @@ FIRST_GAIN = 0.1  # nats: what the first trial step of a deep ensemble predicts
 
 
 class LangevinState(NamedTuple):
-    """The particles, ``log p`` there and the drift of the SDE there; ``ready = 0`` until the
-    first step has evaluated them."""
+    """The particles, ``log p`` there and the drift of the SDE there (before preconditioning);
+    ``ready = 0`` until the first step has evaluated them; the preconditioner
+    ``M = diag(preconditioner_diagonal) + F^T F`` with ``F = preconditioner_factor``."""
 
     particles: Variable  # (N, D)
     logp: Variable  # (N,)
     drift: Variable  # (N, D)
     ready: Variable  # ()
+    preconditioner_diagonal: Variable  # (D,)
+    preconditioner_factor: Variable  # (K, D), K = flow.factor_rows(N, D)
 
 
 class DeepState(NamedTuple):
@@ -60,7 +65,9 @@ def init_state(particles: np.ndarray, kind: str) -> LangevinState | DeepState:
     zero = np.zeros((), dtype=dtype)
     if kind == "deep":
         return DeepState(particles, logp, np.zeros_like(particles), np.zeros(n, dtype), zero)
-    return LangevinState(particles, logp, np.zeros_like(particles), zero)
+    ones = np.ones(particles.shape[1], dtype)
+    factor = np.zeros((flow.factor_rows(*particles.shape), particles.shape[1]), dtype)
+    return LangevinState(particles, logp, np.zeros_like(particles), zero, ones, factor)
 
 
 def _repulsion(particles: Variable, bandwidth: float | str) -> tuple[Variable, Variable, Variable]:
@@ -73,7 +80,7 @@ def _repulsion(particles: Variable, bandwidth: float | str) -> tuple[Variable, V
 
 def langevin_step(
     state: LangevinState,
-    noise: Variable,
+    noise: tuple[Variable, Variable | None],
     step_size: Variable,
     target: BatchedTarget,
     temperature: float,
@@ -81,11 +88,17 @@ def langevin_step(
     bandwidth: float | str,
 ) -> tuple[LangevinState, Variable, dict[str, Variable], tuple]:
     """Move by the drift of the state, evaluate there; a non-finite move is refused (the
-    state kept). Returns the new state, the objective (mean ``V`` plus the MMD term), the
-    step's ``info`` (``accepted``, ``mean_v``, ``mmd``, ``bandwidth``) and the evaluation
-    ``(points, logp, grad)``."""
+    state kept). ``noise`` is ``N(0, I)`` draws ``(N, D)`` and, to precondition, ``(N, K)``
+    more for the factor (``None``: the paper's plain scheme, ``M = I``). Returns the new
+    state, the objective (mean ``V`` plus the MMD term), the step's ``info`` (``accepted``,
+    ``mean_v``, ``mmd``, ``bandwidth``) and the evaluation ``(points, logp, grad)``."""
     eta = step_size * state.ready  # 0 on the first call: evaluate where the particles are
-    moved = flow.euler_maruyama(state.particles, state.drift, noise, eta, temperature)
+    drift, xi = state.drift, noise[0]
+    if noise[1] is not None:
+        diagonal, factor = state.preconditioner_diagonal, state.preconditioner_factor
+        drift = flow.precondition(drift, diagonal, factor)
+        xi = flow.preconditioned_noise(xi, noise[1], diagonal, factor)
+    moved = flow.euler_maruyama(state.particles, drift, xi, eta, temperature)
     logp, grad_logp, _ = target.logp_and_grads(moved)
     if repulsion:
         interaction, kernel, h = _repulsion(moved, bandwidth)
@@ -103,6 +116,8 @@ def langevin_step(
         keep(logp, state.logp),
         keep(drift, state.drift),
         keep(pt.ones_like(state.ready), state.ready),
+        state.preconditioner_diagonal,
+        state.preconditioner_factor,
     )
     objective = keep(-pt.mean(logp) + mmd, -pt.mean(state.logp))
     info = {"accepted": finite, "mean_v": -pt.mean(new.logp)}
