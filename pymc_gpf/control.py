@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["REASONS", "Control", "Deterministic", "FixedSteps", "Outcome", "Stochastic"]
+__all__ = ["REASONS", "Control", "Deterministic", "FixedSteps", "Outcome", "Saved", "Stochastic"]
 
 REASONS = {
     "converged": "converged",
@@ -74,7 +74,7 @@ class Outcome:
         }
 
 
-class _Saved:
+class Saved:
     """An object whose attributes are its state, so that a saved fit continues exactly:
     :meth:`state` writes them as JSON (:func:`_to_json`), leaving out the hooks into the fit
     (callables, given again when the object is built); :meth:`load` restores them, with
@@ -88,13 +88,13 @@ class _Saved:
         """Restore what :meth:`state` wrote."""
         for key, value in state.items():
             current = getattr(self, key, None)
-            if isinstance(current, _Saved):
+            if isinstance(current, Saved):
                 current.load(value)
             else:
                 setattr(self, key, _from_json(value))
 
 
-class Control(_Saved):
+class Control(Saved):
     """Base controller: never stops by itself."""
 
     kind = "fixed"
@@ -341,7 +341,7 @@ class Stochastic(Control):
         return _stochastic_message(self, reason) or super().describe(reason)
 
 
-class _Average(_Saved):
+class _Average(Saved):
     """The running (Polyak-Ruppert) average of a stochastic fit's parameters while it
     averages, and the moments of q's location over its whole windows, for the average's
     Monte Carlo error."""
@@ -410,8 +410,8 @@ def _stochastic_message(control: Stochastic, reason: str) -> str | None:
 def _to_json(value: Any) -> Any:
     """``value`` as JSON-able data: arrays as ``{"__ndarray__": nested lists, "dtype",
     "shape"}`` (JSON writes floats with round-trip precision, so they load bit for bit),
-    saved objects as their :meth:`_Saved.state`, lists, tuples and dicts element-wise."""
-    if isinstance(value, _Saved):
+    saved objects as their :meth:`Saved.state`, lists, tuples and dicts element-wise."""
+    if isinstance(value, Saved):
         return value.state()
     if isinstance(value, np.ndarray):
         return {_ARRAY: value.tolist(), "dtype": value.dtype.str, "shape": list(value.shape)}
@@ -426,7 +426,7 @@ def _to_json(value: Any) -> Any:
 
 def _from_json(value: Any) -> Any:
     """The inverse of :func:`_to_json` (saved objects are loaded in place by
-    :meth:`_Saved.load`)."""
+    :meth:`Saved.load`)."""
     if isinstance(value, dict) and _ARRAY in value:
         return np.array(value[_ARRAY], dtype=value["dtype"]).reshape(value["shape"])
     if isinstance(value, list):

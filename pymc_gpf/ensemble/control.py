@@ -28,7 +28,7 @@ Plain Python between steps (:class:`SamplingControl`, a :class:`pymc_gpf.control
   **converges** once the smallest bulk and tail effective sample size over the coordinates
   reaches ``target_ess`` and the largest rank-normalised split R-hat (Vehtari et al. 2021,
   through arviz-stats) is within 1.01 times what ``N`` well-mixed chains of that ESS show
-  (:meth:`SamplingControl._check`).
+  (:func:`chain_diagnostics`).
 * Draws are kept in memory up to ``MAX_STORED`` numbers (``N D`` per draw); beyond, every
   other one is dropped and ``thin`` doubles (a large model's long run stays within 160 MB).
 * A move the step refused (non-finite) quarters ``eta``; 30 in a row **stall** the fit.
@@ -44,10 +44,16 @@ import numpy as np
 
 from arviz_stats.base import array_stats
 
-from pymc_gpf.control import Z_ONE_SIDED_5, Control
+from pymc_gpf.control import Z_ONE_SIDED_5, Control, Saved
 from pymc_gpf.ensemble import flow
 
-__all__ = ["SamplingControl", "curvature", "ensemble_preconditioner", "move_curvature"]
+__all__ = [
+    "SamplingControl",
+    "chain_diagnostics",
+    "curvature",
+    "ensemble_preconditioner",
+    "move_curvature",
+]
 
 STEP_PER_CURVATURE = 0.1  # eta * L: at most 5 % excess variance on a Gaussian target
 MAX_RHAT = 1.01
@@ -139,6 +145,65 @@ def ensemble_preconditioner(deviations: list[np.ndarray]) -> tuple[np.ndarray, n
     return alpha * np.maximum(variances, floor), factor
 
 
+def chain_diagnostics(draws: np.ndarray) -> tuple[float, float, float]:
+    """Smallest bulk/tail ESS, largest R-hat and largest R-hat relative to well-mixed chains
+    of draws ``(S, N, D)`` (chain = particle). ``N`` split chains that mix perfectly still
+    show ``R-hat^2 = 1 + 2N / ESS`` (between-chain variance of means of ``ESS / 2N``
+    effective draws each; Margossian et al. 2024 on many short chains), so a fixed 1.01
+    would ask for 50 effective draws per particle: the third number divides that out."""
+    draws = np.moveaxis(draws, 0, -1)  # (N, D, S)
+    draws = np.moveaxis(draws, 1, 0)  # (D, N, S)
+    bulk = array_stats.ess(draws, chain_axis=-2, draw_axis=-1, method="bulk")
+    tail = array_stats.ess(draws, chain_axis=-2, draw_axis=-1, method="tail", prob=0.05)
+    rhat = array_stats.rhat(draws, chain_axis=-2, draw_axis=-1)
+    excess = rhat / np.sqrt(1.0 + 2 * draws.shape[1] / bulk)
+    return float(np.min(np.minimum(bulk, tail))), float(np.max(rhat)), float(np.max(excess))
+
+
+class _Draws(Saved):
+    """Every ``thin``-th state after burn-in, kept within ``MAX_STORED`` numbers, and when
+    to check them."""
+
+    def __init__(self, thin: int, window: int):
+        self.draws: list[np.ndarray] = []
+        self.thin, self.window = thin, window
+        self.next_check = window  # the number of draws at which to test convergence next
+
+    def add(self, step: int, particles: np.ndarray) -> bool:
+        """Keep ``particles`` if ``step`` (after burn-in) is on the grid; whether a
+        convergence check is due. Checks come at geometrically spaced counts: each costs
+        ``O(D draws)``, so all of them together cost a constant factor of the last one. A
+        check costs about a millisecond per coordinate (arviz-stats), so they are also at
+        least ``D`` draws apart."""
+        if step % self.thin:
+            return False
+        self.draws.append(np.array(particles))
+        spacing = max(self.window, particles.shape[1])
+        if len(self.draws) == 1:
+            self.next_check = max(self.next_check, spacing)
+        if len(self.draws) * particles.size > MAX_STORED:
+            self._thin_out()
+        if len(self.draws) < self.next_check:
+            return False
+        self.next_check = max(self.next_check + spacing, int(1.25 * len(self.draws)))
+        return True
+
+    def _thin_out(self) -> None:
+        """Keep every other draw and double ``thin``: the draws then stay within
+        ``MAX_STORED`` numbers whatever the run's length. Draw ``i`` was taken ``thin (i + 1)``
+        steps after burn-in, so the odd ones are those on the doubled grid."""
+        self.draws = self.draws[1::2]
+        self.thin *= 2
+        self.next_check = max(len(self.draws) + 1, self.next_check // 2)
+
+
+def _falling(previous: tuple[float, float] | None, current: tuple[float, float]) -> bool:
+    """Whether the window mean fell significantly (one-sided 5 %) since the last window."""
+    if previous is None:
+        return True
+    return previous[0] - current[0] > Z_ONE_SIDED_5 * math.sqrt(previous[1] + current[1])
+
+
 def _window_stats(values: list[float]) -> tuple[float, float]:
     """Mean and the variance of the mean of a window (iid; a conservative plateau test)."""
     values = np.asarray(values, dtype=float)
@@ -179,11 +244,11 @@ class SamplingControl(Control):
         self._particles, self._set_rate = particles, set_rate
         self._preconditioner = preconditioner
         self.minibatch_fraction = minibatch_fraction
-        self.rate, self.adapt, self.thin, self.target_ess = rate, adapt, thin, target_ess
+        self.rate, self.adapt, self.target_ess = rate, adapt, target_ess
         self.window, self.min_burn_in, self.max_rejections = window, min_burn_in, max_rejections
         self.steps = self.rejections = 0
         self.burn_in: int | None = None  # the step burn-in ended at
-        self.draws: list[np.ndarray] = []
+        self.store = _Draws(thin, window)
         self.values: list[float] = []
         self.deviations: list[np.ndarray] = []  # the ensemble's deviations in this window
         self.last: tuple[np.ndarray, np.ndarray] | None = None  # the last particles, drift
@@ -192,7 +257,6 @@ class SamplingControl(Control):
         self.shrink = 1.0  # the guard's factor on the curvature's step size
         self.previous: list[float] | None = None
         self.ess = self.rhat = self.rhat_excess = float("nan")
-        self.next_check = window  # the number of draws at which to test convergence next
         self._set_rate(self.rate)
 
     def observe(self, free_energy, info):
@@ -208,18 +272,7 @@ class SamplingControl(Control):
         self.steps += 1
         if self.burn_in is None:
             return self._burn(float(free_energy))
-        if (self.steps - self.burn_in) % self.thin == 0:
-            self.draws.append(np.array(self._particles()[0]))
-            if len(self.draws) == 1:  # the first check, no sooner than the later spacing
-                self.next_check = max(self.next_check, self.draws[0].shape[1])
-            if len(self.draws) * self.draws[0].size > MAX_STORED:
-                self._thin_out()
-        if len(self.draws) >= self.next_check:
-            # checks at geometrically spaced counts, each costs O(D draws): all of them
-            # together cost a constant factor of the last one. A check costs about a
-            # millisecond per coordinate (arviz-stats), so they are at least D draws apart.
-            spacing = max(self.window, self.draws[0].shape[1])
-            self.next_check = max(self.next_check + spacing, int(1.25 * len(self.draws)))
+        if self.store.add(self.steps - self.burn_in, self._particles()[0]):
             return self._check()
         return None
 
@@ -245,12 +298,8 @@ class SamplingControl(Control):
                 self._set_rate(self.rate)
         if not window_ends:
             return None
-        current = _window_stats(self.values)
-        previous, self.previous = self.previous, current
-        falling = previous is None or previous[0] - current[0] > Z_ONE_SIDED_5 * math.sqrt(
-            previous[1] + current[1]
-        )
-        if self.steps >= self.min_burn_in and not falling:
+        previous, self.previous = self.previous, _window_stats(self.values)
+        if self.steps >= self.min_burn_in and not _falling(previous, self.previous):
             self.burn_in = self.steps
             if self.adapt and self.minibatch_fraction < 1:
                 self.rate *= self.minibatch_fraction
@@ -258,13 +307,13 @@ class SamplingControl(Control):
         self.values = []
         return None
 
-    def _thin_out(self) -> None:
-        """Keep every other draw and double ``thin``: the draws then stay within
-        ``MAX_STORED`` numbers whatever the run's length. Draw ``i`` was taken ``thin (i + 1)``
-        steps after burn-in, so the odd ones are those on the doubled grid."""
-        self.draws = self.draws[1::2]
-        self.thin *= 2
-        self.next_check = max(len(self.draws) + 1, self.next_check // 2)
+    @property
+    def draws(self) -> list[np.ndarray]:
+        return self.store.draws
+
+    @property
+    def thin(self) -> int:
+        return self.store.thin
 
     def kept(self) -> list[np.ndarray]:
         """The draws that count: the second half of those collected (the first half is
@@ -273,23 +322,18 @@ class SamplingControl(Control):
         return self.draws[len(self.draws) // 2 :]
 
     def _check(self) -> str | None:
-        """Bulk and tail ESS and R-hat of the kept draws (chain = particle). ``N`` split
-        chains that mix perfectly still show ``R-hat^2 = 1 + 2N / ESS`` (between-chain
-        variance of means of ``ESS / 2N`` effective draws each; Margossian et al. 2024 on
-        many short chains), so a fixed 1.01 would ask for 50 effective draws per particle:
-        R-hat is compared with 1.01 times that value (:attr:`rhat_excess`)."""
-        draws = np.moveaxis(np.asarray(self.kept()), 0, -1)  # (particles, D, draws)
-        draws = np.moveaxis(draws, 1, 0)  # (D, particles, draws)
-        bulk = array_stats.ess(draws, chain_axis=-2, draw_axis=-1, method="bulk")
-        tail = array_stats.ess(draws, chain_axis=-2, draw_axis=-1, method="tail", prob=0.05)
-        rhat = array_stats.rhat(draws, chain_axis=-2, draw_axis=-1)
-        self.ess = float(np.min(np.minimum(bulk, tail)))
-        self.rhat = float(np.max(rhat))
-        chains = 2 * draws.shape[1]
-        self.rhat_excess = float(np.max(rhat / np.sqrt(1.0 + chains / bulk)))
+        self.ess, self.rhat, self.rhat_excess = chain_diagnostics(np.asarray(self.kept()))
         if self.ess >= self.target_ess and self.rhat_excess < MAX_RHAT:
             return "converged"
         return None
+
+    def settings(self) -> dict:
+        """What the sampling chose and found, for the method group."""
+        out = {"step_size": self.rate, "burn_in": self.burn_in or -1, "thin_used": self.thin}
+        if self.trace["bandwidth"]:
+            out["bandwidth_used"] = self.trace["bandwidth"][-1]
+        out |= {"n_draws": len(self.kept()), "ess": self.ess, "rhat": self.rhat}
+        return out | {"rhat_excess": self.rhat_excess}
 
     def describe(self, reason):
         if reason == "converged":

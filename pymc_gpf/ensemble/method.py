@@ -81,6 +81,15 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
             method_group=self.method_group(), chains=True,
         )  # fmt: skip
 
+    def preconditioner(self, values: tuple[np.ndarray, np.ndarray] | None = None):
+        """The Langevin kinds' preconditioner ``(diagonal, factor)``,
+        ``M = diag(diagonal) + factor^T factor``; set to ``values`` if given."""
+        shared = self.state.preconditioner_diagonal, self.state.preconditioner_factor
+        if values is not None:
+            for var, value in zip(shared, values, strict=True):
+                var.set_value(np.asarray(value, dtype=self.target.dtype))
+        return tuple(var.get_value() for var in shared)
+
     def fit_group(self) -> xr.Dataset:
         """The ``fit`` group with the objective of the kind on ``step`` (``free_energy``:
         mean ``V`` plus the MMD term ``(lambda1 / 2) mean_ij K_ij``; the entropy term of
@@ -191,23 +200,12 @@ class Ensemble(FlowInference):
 
     def _build_step(self, options: FitOptions) -> StepGraph:
         config, state = self.config, self.approx.state
-        if options.more_obj_params:
-            raise ValueError(
-                "more_obj_params (type-II maximum likelihood) is not available for "
-                "ensembles: their objective has no entropy term to descend jointly with the "
-                "hyperparameters. Use method='gpf', 'gf' or 'wvgd'."
-            )
+        _check_options(options, self.target, config.kind)
         if config.kind == "deep":
-            _check_deep(options, self.target)
             new, objective, info, (points, logp, grad) = step.deep_step(state, self.target)
         else:
-            n, d = config.n_particles, self.target.ndim
-            precondition = self._preconditioned(options)
-            if precondition:  # one draw: the generator updates once a step
-                draws = standard_normal(self.noise_rng, (n, d + flow.factor_rows(n, d)))
-                noise = draws[:, :d], draws[:, d:]
-            else:
-                noise = standard_normal(self.noise_rng, (n, d)), None
+            shape = config.n_particles, self.target.ndim
+            noise = _noise(self.noise_rng, shape, self._preconditioned(options))
             new, objective, info, (points, logp, grad) = step.langevin_step(
                 state, noise, self.learning_rates[0], self.target, config.temperature_used,
                 config.repulsion_used, config.bandwidth,
@@ -235,22 +233,13 @@ class Ensemble(FlowInference):
             set_rate=lambda eta: self._learning_rates.set_value(
                 np.full(2, eta, dtype=self.target.dtype)
             ),
-            preconditioner=self._preconditioner if self._preconditioned(options) else None,
+            preconditioner=self.approx.preconditioner if self._preconditioned(options) else None,
             minibatch_fraction=self.target.minibatch_fraction,
             rate=rate,
             adapt=auto,
             thin=self.config.thin,
             target_ess=self.config.target_ess,
         )
-
-    def _preconditioner(self, values: tuple[np.ndarray, np.ndarray] | None = None):
-        """The preconditioner's ``(diagonal, factor)``, set to ``values`` if given."""
-        state = self.approx.state
-        shared = state.preconditioner_diagonal, state.preconditioner_factor
-        if values is not None:
-            for var, value in zip(shared, values, strict=True):
-                var.set_value(np.asarray(value, dtype=self.target.dtype))
-        return tuple(var.get_value() for var in shared)
 
     def _describe(self, reason: str) -> str:
         if reason == "converged" and self.config.kind == "deep":
@@ -264,21 +253,34 @@ class Ensemble(FlowInference):
         return self.config.n_particles, 0
 
     def _fitted_settings(self) -> dict:
-        control = self.control
         out = {"lambda1": self.config.repulsion_used, "lambda2": self.config.temperature_used}
-        if isinstance(control, SamplingControl):
-            out |= {"step_size": control.rate, "burn_in": control.burn_in or -1}
-            if control.trace["bandwidth"]:
-                out["bandwidth_used"] = control.trace["bandwidth"][-1]
-            out |= {"n_draws": len(control.kept()), "ess": control.ess, "rhat": control.rhat}
-            out["thin_used"] = control.thin
-            out["rhat_excess"] = control.rhat_excess
+        if isinstance(self.control, SamplingControl):
+            out |= self.control.settings()
         return out
 
 
-def _check_deep(options: FitOptions, target) -> None:
-    """What a deep ensemble's per-particle line search needs: its own step sizes, and the
-    whole data set (on ``pm.Minibatch`` data it would compare two noisy log-densities)."""
+def _noise(rng, shape: tuple[int, int], precondition: bool) -> tuple:
+    """A step's ``N(0, I)`` draws ``(N, D)`` and, to precondition, ``(N, K)`` more for the
+    factor, as one draw (the generator updates once a step)."""
+    n, d = shape
+    if not precondition:
+        return standard_normal(rng, shape), None
+    draws = standard_normal(rng, (n, d + flow.factor_rows(n, d)))
+    return draws[:, :d], draws[:, d:]
+
+
+def _check_options(options: FitOptions, target, kind: str) -> None:
+    """No hyperparameters; and what a deep ensemble's per-particle line search needs: its
+    own step sizes, and the whole data set (on ``pm.Minibatch`` data it would compare two
+    noisy log-densities)."""
+    if options.more_obj_params:
+        raise ValueError(
+            "more_obj_params (type-II maximum likelihood) is not available for "
+            "ensembles: their objective has no entropy term to descend jointly with the "
+            "hyperparameters. Use method='gpf', 'gf' or 'wvgd'."
+        )
+    if kind != "deep":
+        return
     if not options.auto:
         raise ValueError(
             "The deep ensemble finds its step sizes by backtracking; drop learning_rate (it "

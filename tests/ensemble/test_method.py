@@ -56,7 +56,7 @@ def test_langevin_draws_have_the_gaussian_moments_up_to_the_known_step_bias(lang
     ess = array_stats.ess(chains, chain_axis=-2, draw_axis=-1, method="mean")
     mean = draws.mean(axis=(0, 1))
     np.testing.assert_array_less(np.abs(mean - MU), 4 * SD / np.sqrt(ess))
-    diagonal, factor = approx.inference._preconditioner()
+    diagonal, factor = approx.preconditioner()
     preconditioner = np.diag(diagonal) + factor.T @ factor
     assert not np.allclose(preconditioner, np.eye(2))  # adapted to the ensemble
     covariance = flow.ula_gaussian_covariance(np.diag(SD**2), control.rate, preconditioner)
