@@ -24,7 +24,7 @@ Plain Python between steps (:class:`SamplingControl`, a :class:`pymc_gpf.control
   variance near the same 5 % (burn-in itself runs at ``0.1 / L``: its bias is discarded).
 * **Sampling.** Every ``thin``-th state of every particle is a draw (chain = particle); the
   first half of the draws counts as further burn-in (:meth:`SamplingControl.kept`). At
-  geometrically spaced numbers of draws (every 25 %, at least a window and D draws apart) the fit
+  geometrically spaced numbers of draws (every 25 %, at least a window and 4 D draws apart) the fit
   **converges** once the smallest bulk and tail effective sample size over the coordinates
   reaches ``target_ess`` and the largest rank-normalised split R-hat (Vehtari et al. 2021,
   through arviz-stats) is within 1.01 times what ``N`` well-mixed chains of that ESS show
@@ -57,6 +57,7 @@ __all__ = [
 
 STEP_PER_CURVATURE = 0.1  # eta * L: at most 5 % excess variance on a Gaussian target
 MAX_RHAT = 1.01
+CHECK_SPACING = 4  # convergence checks are at least this many draws per coordinate apart
 MAX_STORED = 20_000_000  # numbers kept as draws (160 MB); beyond, the draws are thinned
 RIDGE = 1e-6  # the least weight of the diagonal in the preconditioner
 
@@ -173,12 +174,13 @@ class _Draws(Saved):
         """Keep ``particles`` if ``step`` (after burn-in) is on the grid; whether a
         convergence check is due. Checks come at geometrically spaced counts: each costs
         ``O(D draws)``, so all of them together cost a constant factor of the last one. A
-        check costs about a millisecond per coordinate (arviz-stats), so they are also at
-        least ``D`` draws apart."""
+        check also costs a few milliseconds per coordinate whatever the draws (arviz-stats
+        loops over them in Python: 4 s for D = 1930), about as much as a network's step
+        costs per coordinate, so checks are also at least ``4 D`` draws apart."""
         if step % self.thin:
             return False
         self.draws.append(np.array(particles))
-        spacing = max(self.window, particles.shape[1])
+        spacing = max(self.window, CHECK_SPACING * particles.shape[1])
         if len(self.draws) == 1:
             self.next_check = max(self.next_check, spacing)
         if len(self.draws) * particles.size > MAX_STORED:
