@@ -19,6 +19,7 @@ import pytensor.tensor as pt
 
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
+from pytensor.graph.replace import graph_replace
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.random.type import RandomGeneratorType
 
@@ -267,13 +268,41 @@ def compile_step(
         for var in step_updates:
             _add_state(state, keys[var], var)
     info = dict(graph.info)
+    outputs = [graph.free_energy, ok, *info.values()]
+    if options.compile_backend == "jax":
+        fn = _per_shape(outputs, step_updates, options)
+    else:
+        fn = _compile(outputs, step_updates, options)
+    return CompiledStep(fn, graph, options, tuple(info)), state
+
+
+def _compile(outputs: list, step_updates: dict, options: FitOptions) -> Callable[[], list]:
     fn = compile_function(
         [],
-        [graph.free_energy, ok, *info.values()],
+        outputs,
         options.compile_backend,
         options.compile_kwargs,
         updates=step_updates,
         random_seed=False,  # noise_rng is seeded by us and continues across compiles
     )
     fn.trust_input = True
-    return CompiledStep(fn, graph, options, tuple(info)), state
+    return fn
+
+
+def _per_shape(outputs: list, step_updates: dict, options: FitOptions) -> Callable[[], list]:
+    """The step compiled once per shape of the state: JAX traces shapes as constants, so a
+    number of particles left dynamic (:func:`dynamic_rows`) is fixed before it compiles, and
+    a new number (GPF's growing cloud) compiles anew."""
+    state = [var for var in step_updates if var.type.ndim]
+    compiled: dict[tuple, Callable[[], list]] = {}
+
+    def step() -> list:
+        shapes = tuple(var.get_value(borrow=True).shape for var in state)
+        if shapes not in compiled:
+            fixed = {v: pt.specify_shape(v, shape) for v, shape in zip(state, shapes, strict=True)}
+            graphs = graph_replace([*outputs, *step_updates.values()], fixed, strict=False)
+            updates = dict(zip(step_updates, graphs[len(outputs) :], strict=True))
+            compiled[shapes] = _compile(graphs[: len(outputs)], updates, options)
+        return compiled[shapes]()
+
+    return step

@@ -73,7 +73,10 @@ def accepted_draws(draws: Variable, particles: Variable) -> Variable:
     the truncated ``q~_j`` (eq. 22) by rejection."""
     j, m, d = draws.shape
     cells = nearest_particle(draws.reshape((j * m, d)), particles).reshape((j, m))
-    return pt.eq(cells, pt.arange(j)[:, None])
+    # each row's own index, 0 .. J - 1, without arange(J): JAX needs arange's length at trace
+    # time, and J (the number of particles) is a dynamic dimension of the compiled step
+    own = pt.cumsum(pt.ones_like(cells), axis=0) - 1
+    return pt.eq(cells, own)
 
 
 def _masked_log_weights(logp: Variable, logq: Variable, accepted: Variable) -> Variable:

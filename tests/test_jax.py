@@ -1,0 +1,91 @@
+"""``backend="jax"``: every method runs on PyTensor's JAX backend.
+
+The deterministic methods (GPF, the deep ensemble) give the C/numba backends' numbers to
+round-off. The others draw their noise inside the step, and PyTensor's JAX backend draws it
+with JAX's own generator (seeded from the fit's NumPy one): their numbers differ from the
+other backends' for the same seed, so they are checked against the closed-form posterior,
+and against themselves for reproducibility.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pymc as pm
+import pytest
+
+pytest.importorskip("jax")
+
+X = np.random.default_rng(3).normal(size=(40, 2))
+Y = X @ np.array([1.0, -0.5]) + np.random.default_rng(4).normal(size=40)
+PRIOR_SD, NOISE_SD = 3.0, 1.0
+
+
+@pytest.fixture(scope="module")
+def conjugate():
+    """A linear regression with known noise: the posterior is Gaussian in closed form."""
+    with pm.Model() as model:
+        w = pm.Normal("w", 0, PRIOR_SD, shape=2)
+        pm.Normal("y", X @ w, NOISE_SD, observed=Y)
+    precision = X.T @ X / NOISE_SD**2 + np.eye(2) / PRIOR_SD**2
+    covariance = np.linalg.inv(precision)
+    return model, covariance @ X.T @ Y / NOISE_SD**2, np.sqrt(np.diag(covariance))
+
+
+def _eight_schools() -> pm.Model:
+    y = np.array([28.0, 8, -3, 7, -1, 1, 18, 12])
+    sigma = np.array([15.0, 10, 16, 11, 9, 11, 10, 18])
+    with pm.Model() as model:
+        theta_trans = pm.Normal("theta_trans", 0, 1, shape=8)
+        mu = pm.Normal("mu", 0, 5)
+        tau = pm.HalfCauchy("tau", 5)
+        pm.Normal("y", mu + tau * theta_trans, sigma, observed=y)
+    return model
+
+
+@pytest.mark.filterwarnings("ignore:GPF did not converge")
+@pytest.mark.parametrize("method", ["gpf", "deep ensemble"])
+def test_deterministic_methods_give_the_default_backends_numbers(conjugate, method):
+    """Same seed, same steps: trace and particles equal to round-off. GPF on eight schools
+    grows its cloud from 20 to 160 particles, so its JAX step is compiled for four shapes."""
+    if method == "gpf":
+        model, options = _eight_schools(), {}
+    else:
+        model, options = conjugate[0], {"kind": "deep"}
+    fits = {}
+    for backend in (None, "jax"):
+        with model:
+            fits[backend] = pm.fit(method=method.split()[-1], inf_kwargs=options,
+                                   random_seed=2, progressbar=False, backend=backend)  # fmt: skip
+    default, jax = fits[None], fits["jax"]
+    assert jax.outcome.reason == default.outcome.reason
+    assert len(jax.hist) == len(default.hist) and len(jax.particles) == len(default.particles)
+    np.testing.assert_allclose(jax.hist, default.hist, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(jax.particles, default.particles, rtol=1e-7, atol=1e-9)
+    if method == "gpf":
+        assert len(default.particles) > 20  # the cloud grew: more than one compiled shape
+
+
+@pytest.mark.parametrize(("method", "tolerance"), [("gf", 0.15), ("wvgd", 0.3), ("ensemble", 0.15)])
+def test_stochastic_methods_on_jax_fit_the_closed_form_posterior(conjugate, method, tolerance):
+    """At the defaults on JAX: converged, means within 0.2 posterior sd and sds within
+    ``tolerance`` (the methods' own accuracy on this target: GF and the Langevin ensemble
+    are unbiased here up to Monte Carlo error, WVGD's truncated local Gaussians are wider)."""
+    model, mean, sd = conjugate
+    with model:
+        approx = pm.fit(method=method, random_seed=1, progressbar=False, backend="jax")
+    assert approx.outcome.converged, approx.outcome.message
+    draws = approx.sample(4000, random_seed=0, return_inferencedata=False)["w"]
+    draws = draws.reshape(-1, 2)
+    np.testing.assert_array_less(np.abs(draws.mean(0) - mean) / sd, 0.2)
+    np.testing.assert_array_less(np.abs(draws.std(0) / sd - 1), tolerance)
+
+
+def test_the_same_seed_gives_the_same_numbers_on_jax(conjugate):
+    model, _, _ = conjugate
+    traces = []
+    for _ in range(2):
+        with model:
+            approx = pm.fit(80, method="ensemble", random_seed=5, progressbar=False,
+                            backend="jax")  # fmt: skip
+        traces.append(approx.hist)
+    np.testing.assert_array_equal(traces[0], traces[1])
