@@ -145,7 +145,10 @@ class Ensemble(FlowInference):
         ``init_scale`` times standard normal noise (default 1).
     thin, target_ess
         Keep every ``thin``-th state as a draw; the Langevin kinds stop once the draws'
-        smallest bulk and tail ESS reach ``target_ess`` (default 400) with R-hat < 1.01.
+        smallest bulk and tail ESS reach ``target_ess`` (default 400) with R-hat within
+        1.01 times that of as many well-mixed chains (a fixed 1.01 would ask for 50
+        effective draws per chain). ``thin`` doubles when the draws would exceed 2e7
+        numbers.
     precondition
         With the automatic step size (the default), precondition the Langevin kinds by the
         ensemble's own covariance, re-estimated during burn-in and then frozen (default
@@ -160,8 +163,9 @@ class Ensemble(FlowInference):
     re-estimate the preconditioner, detect the end of burn-in, then freeze both
     (:mod:`pymc_gpf.ensemble.control`). The unadjusted scheme keeps an ``O(eta)`` bias
     (:func:`pymc_gpf.ensemble.flow.ula_gaussian_covariance` gives it for a Gaussian). A fixed
-    ``learning_rate`` sets ``eta`` of the plain scheme instead. The fit keywords are those of
-    :meth:`pymc_gpf.GPF.fit`.
+    ``learning_rate`` sets ``eta`` of the plain scheme instead. With ``pm.Minibatch`` data
+    (SGLD, Langevin kinds only) ``eta`` is scaled by the batch's share of the rows when
+    burn-in ends. The fit keywords are those of :meth:`pymc_gpf.GPF.fit`.
     """
 
     name = "ensemble"
