@@ -510,6 +510,8 @@ def flat_sample(approx, draws: int, seed: int) -> np.ndarray:
         except RuntimeError:  # WVGD: a cell whose local Gaussian misses it; a failed read
             return np.full((draws, approx.target.ndim), np.nan)
         except ValueError:  # a Langevin ensemble still burning in: its current particles
+            if not isinstance(approx, pymc_gpf.EnsembleApproximation):
+                raise
             return approx.particles[rng.integers(len(approx.particles), size=draws)]
     if hasattr(approx, "histogram"):  # PyMC's Empirical (SVGD)
         return np.asarray(approx.histogram.get_value())

@@ -21,10 +21,13 @@ Plain Python between steps (:class:`SamplingControl`, a :class:`pymc_gpf.control
   identity, for a well-specified model), which adds ``eta^2 (1/f - 1) L`` to the
   ``2 eta`` of injected variance per step in the stiffest preconditioned direction; at the
   end of burn-in ``eta`` is therefore multiplied by ``f``, which keeps the total excess
-  variance near the same 5 % (burn-in itself runs at ``0.1 / L``: its bias is discarded).
+  variance near the same 5 % (burn-in itself runs at ``0.1 / L``: its draws are discarded;
+  the preconditioner it estimates is wider than the posterior where the gradient noise
+  inflated the spread, which costs mixing speed, not accuracy, as ``L`` is measured in
+  the same metric).
 * **Sampling.** Every ``thin``-th state of every particle is a draw (chain = particle); the
   first half of the draws counts as further burn-in (:meth:`SamplingControl.kept`). At
-  geometrically spaced numbers of draws (every 25 %, at least a window and 4 D draws apart) the fit
+  geometrically spaced numbers of draws (every 25 %, at least a window and 4 D steps apart) the fit
   **converges** once the smallest bulk and tail effective sample size over the coordinates
   reaches ``target_ess`` and the largest rank-normalised split R-hat (Vehtari et al. 2021,
   through arviz-stats) is within 1.01 times what ``N`` well-mixed chains of that ESS show
@@ -59,6 +62,7 @@ STEP_PER_CURVATURE = 0.1  # eta * L: at most 5 % excess variance on a Gaussian t
 MAX_RHAT = 1.01
 CHECK_SPACING = 4  # convergence checks are at least this many draws per coordinate apart
 MAX_STORED = 20_000_000  # numbers kept as draws (160 MB); beyond, the draws are thinned
+MIN_STORED = 8  # draws kept whatever their size (a model too large for MAX_STORED)
 RIDGE = 1e-6  # the least weight of the diagonal in the preconditioner
 
 
@@ -121,8 +125,9 @@ def ensemble_preconditioner(deviations: list[np.ndarray]) -> tuple[np.ndarray, n
     step of the last window; the factor has :func:`~pymc_gpf.ensemble.flow.factor_rows`
     rows.
 
-    With ``D`` rows, ``M`` is the deviations' pooled covariance ``S`` (its Cholesky factor;
-    a ``RIDGE`` of its diagonal keeps it positive definite): a window's states estimate
+    With ``D`` rows, ``M`` is the deviations' pooled covariance ``S`` plus ``2 RIDGE`` times
+    its diagonal (one in the Cholesky factor, one as the diagonal term: both positive
+    definite): a window's states estimate
     ``S`` far better than the ``N`` particles of one step, whose spread of eigenvalues
     (Marchenko-Pastur) would set a smaller ``eta``. With ``N`` rows (``D > 4 N``),
     ``M = alpha diag(v) + (1 - alpha) S_now``: the current ensemble's covariance (rank
@@ -151,7 +156,8 @@ def chain_diagnostics(draws: np.ndarray) -> tuple[float, float, float]:
     of draws ``(S, N, D)`` (chain = particle). ``N`` split chains that mix perfectly still
     show ``R-hat^2 = 1 + 2N / ESS`` (between-chain variance of means of ``ESS / 2N``
     effective draws each; Margossian et al. 2024 on many short chains), so a fixed 1.01
-    would ask for 50 effective draws per particle: the third number divides that out."""
+    would ask for about 100 effective draws per particle: the third number divides that
+    out."""
     draws = np.moveaxis(draws, 0, -1)  # (N, D, S)
     draws = np.moveaxis(draws, 1, 0)  # (D, N, S)
     bulk = array_stats.ess(draws, chain_axis=-2, draw_axis=-1, method="bulk")
@@ -176,14 +182,17 @@ class _Draws(Saved):
         ``O(D draws)``, so all of them together cost a constant factor of the last one. A
         check also costs a few milliseconds per coordinate whatever the draws (arviz-stats
         loops over them in Python: 4 s for D = 1930), about as much as a network's step
-        costs per coordinate, so checks are also at least ``4 D`` draws apart."""
+        costs per coordinate, so checks are also at least ``4 D`` steps apart."""
         if step % self.thin:
             return False
         self.draws.append(np.array(particles))
-        spacing = max(self.window, CHECK_SPACING * particles.shape[1])
+        # a window and 4 D steps, whatever the thinning: in draws, fewer as thin grows
+        steps = max(self.window, CHECK_SPACING * particles.shape[1])
+        spacing = math.ceil(steps / self.thin)
+        capacity = max(MAX_STORED // particles.size, MIN_STORED)
         if len(self.draws) == 1:
             self.next_check = max(self.next_check, spacing)
-        if len(self.draws) * particles.size > MAX_STORED:
+        if len(self.draws) > capacity:
             self._thin_out()
         if len(self.draws) < self.next_check:
             return False

@@ -146,7 +146,7 @@ class Ensemble(FlowInference):
     thin, target_ess
         Keep every ``thin``-th state as a draw; the Langevin kinds stop once the draws'
         smallest bulk and tail ESS reach ``target_ess`` (default 400) with R-hat within
-        1.01 times that of as many well-mixed chains (a fixed 1.01 would ask for 50
+        1.01 times that of as many well-mixed chains (a fixed 1.01 would ask for about 100
         effective draws per chain). ``thin`` doubles when the draws would exceed 2e7
         numbers.
     precondition
