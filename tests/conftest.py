@@ -58,6 +58,18 @@ def assert_matches_nuts(reference, approx, names, seed=1):
         np.testing.assert_array_less(np.abs(sd / ref_sd - 1), 0.15, err_msg=name)
 
 
+def eight_schools() -> pm.Model:
+    """Eight schools, non-centred: a funnel in tau, where GPF grows its cloud."""
+    y = np.array([28.0, 8, -3, 7, -1, 1, 18, 12])
+    sigma = np.array([15.0, 10, 16, 11, 9, 11, 10, 18])
+    with pm.Model() as model:
+        theta_trans = pm.Normal("theta_trans", 0, 1, shape=8)
+        mu = pm.Normal("mu", 0, 5)
+        tau = pm.HalfCauchy("tau", 5)
+        pm.Normal("y", mu + tau * theta_trans, sigma, observed=y)
+    return model
+
+
 @pytest.fixture(scope="session")
 def regression_data():
     rng = np.random.default_rng(42)

@@ -13,6 +13,8 @@ import numpy as np
 import pymc as pm
 import pytest
 
+from conftest import eight_schools
+
 pytest.importorskip("jax")
 
 X = np.random.default_rng(3).normal(size=(40, 2))
@@ -31,24 +33,13 @@ def conjugate():
     return model, covariance @ X.T @ Y / NOISE_SD**2, np.sqrt(np.diag(covariance))
 
 
-def _eight_schools() -> pm.Model:
-    y = np.array([28.0, 8, -3, 7, -1, 1, 18, 12])
-    sigma = np.array([15.0, 10, 16, 11, 9, 11, 10, 18])
-    with pm.Model() as model:
-        theta_trans = pm.Normal("theta_trans", 0, 1, shape=8)
-        mu = pm.Normal("mu", 0, 5)
-        tau = pm.HalfCauchy("tau", 5)
-        pm.Normal("y", mu + tau * theta_trans, sigma, observed=y)
-    return model
-
-
 @pytest.mark.filterwarnings("ignore:GPF did not converge")
 @pytest.mark.parametrize("method", ["gpf", "deep ensemble"])
 def test_deterministic_methods_give_the_default_backends_numbers(conjugate, method):
     """Same seed, same steps: trace and particles equal to round-off. GPF on eight schools
     grows its cloud from 20 to 160 particles, so its JAX step is compiled for four shapes."""
     if method == "gpf":
-        model, options = _eight_schools(), {}
+        model, options = eight_schools(), {}
     else:
         model, options = conjugate[0], {"kind": "deep"}
     fits = {}

@@ -14,7 +14,13 @@ import pymc as pm
 import pytensor.tensor as pt
 import pytest
 
-from conftest import condition_spectrum, gaussian_target, moments, mvnormal_model
+from conftest import (
+    condition_spectrum,
+    eight_schools,
+    gaussian_target,
+    moments,
+    mvnormal_model,
+)
 
 import pymc_gpf
 
@@ -257,13 +263,7 @@ def test_gpf_grows_its_cloud_while_the_free_energy_is_biased():
     """Eight schools (non-centred): the 20-particle cloud's free energy is far below an
     independent -ELBO, so the fit restarts from its Gaussian with twice the particles until
     the gap is within its Monte Carlo error, or warns at the cap (160) saying so."""
-    y = np.array([28.0, 8, -3, 7, -1, 1, 18, 12])
-    sigma = np.array([15.0, 10, 16, 11, 9, 11, 10, 18])
-    with pm.Model() as model:
-        theta_trans = pm.Normal("theta_trans", 0, 1, shape=8)
-        mu = pm.Normal("mu", 0, 5)
-        tau = pm.HalfCauchy("tau", 5)
-        pm.Normal("y", mu + tau * theta_trans, sigma, observed=y)
+    model = eight_schools()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         approx = pm.fit(method="gpf", model=model, random_seed=1, progressbar=False)

@@ -100,9 +100,9 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
         if isinstance(control, SamplingControl):
             n = ds.sizes["step"]
             for key, values in control.trace.items():
-                values = np.asarray(values[len(values) - n :] if n else [], dtype=float)
-                # steps of an earlier fit() than the controller's own are not in its trace
-                ds[key] = "step", np.pad(values, (n - len(values), 0), constant_values=np.nan)
+                # the last n; steps of an earlier fit() than the controller's are not in it
+                tail = np.asarray(values[-n:] if n else [], dtype=float)
+                ds[key] = "step", np.pad(tail, (n - len(tail), 0), constant_values=np.nan)
         ds.attrs["definition"] = (
             "free energy = mean V + (lambda1 / 2) mean_ij kappa(theta_i, theta_j), V = -log p"
         )
