@@ -1,4 +1,5 @@
-"""``python -m benchmarks run [--quick] [--only NAME ...] [--out DIR] [--backend B]``; ``list``.
+"""``python -m benchmarks run [--quick] [--only NAME ...] [--out DIR] [--backend B] [--device D]``;
+``list``.
 
 The full run rewrites ``docs/benchmarks.md`` (figures and ``benchmarks.csv`` in
 ``docs/benchmarks/``); ``--quick`` (a smoke run of a few minutes, cold PyTensor cache
@@ -51,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         "(default: 'c' with --quick, PyMC's otherwise)",
     )
     run.add_argument(
+        "--device", default="cpu", help="JAX platform of the scale section: cpu (default), gpu, tpu"
+    )
+    run.add_argument(
         "--blas-threads", type=int, default=1, help="BLAS threads (default 1: stable timings)"
     )
     sub.add_parser("list", help="list the experiments")
@@ -76,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             missing.append(name)
             continue
         try:
-            run_experiment(name, args.quick, out, backend)
+            run_experiment(name, args.quick, out, backend, args.device)
         except Exception:  # report it, run the others, fail at the end
             traceback.print_exc()
             print(f"== {name}: FAILED (its previous fragment, if any, is kept)", flush=True)

@@ -42,6 +42,7 @@ EXPERIMENTS: dict[str, str] = {
     "minibatch": "exp_minibatch",  # pm.Minibatch at defaults, closed-form posterior
     "speed": "exp_speed",  # per-step cost, scaling with D and N
     "startup": "exp_startup",  # time to the first step, cold and warm cache
+    "scale": "exp_scale",  # JAX, particles split across devices
 }
 
 DOCS_DIR = ROOT / "docs" / "benchmarks"
@@ -58,6 +59,7 @@ class Context:
     quick: bool
     out_dir: Path
     backend: str | None = None  # PyTensor backend of every fit (None: PyMC's default)
+    device: str = "cpu"  # JAX platform of the sections that run on JAX
     records: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -159,12 +161,14 @@ def machine() -> str:
     )
 
 
-def run_experiment(name: str, quick: bool, out_dir: Path, backend: str | None = None) -> None:
+def run_experiment(
+    name: str, quick: bool, out_dir: Path, backend: str | None = None, device: str = "cpu"
+) -> None:
     """Run one experiment and write its fragment (``sections/NAME.md`` and ``NAME.csv``)."""
     from benchmarks import common
 
     module = importlib.import_module(f"benchmarks.{EXPERIMENTS[name]}")
-    ctx = Context(name, quick, out_dir, backend)
+    ctx = Context(name, quick, out_dir, backend, device)
     common.set_backend(backend)
     print(f"== {name}: {module.TITLE}", flush=True)
     load_before = os.getloadavg()[0]

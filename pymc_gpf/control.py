@@ -413,6 +413,8 @@ def _to_json(value: Any) -> Any:
     saved objects as their :meth:`Saved.state`, lists, tuples and dicts element-wise."""
     if isinstance(value, Saved):
         return value.state()
+    if hasattr(value, "__array__") and not isinstance(value, np.ndarray | np.generic):
+        value = np.asarray(value)  # a JAX array (backend="jax")
     if isinstance(value, np.ndarray):
         return {_ARRAY: value.tolist(), "dtype": value.dtype.str, "shape": list(value.shape)}
     if isinstance(value, np.generic):

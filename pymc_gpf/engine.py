@@ -22,6 +22,7 @@ from pytensor.compile.sharedvalue import SharedVariable
 
 from pymc_gpf.checks import is_integer, positive, seed_sequence
 from pymc_gpf.control import Control, FixedSteps, Outcome, Stochastic
+from pymc_gpf.jaxlink import row_sharding
 from pymc_gpf.loop import run
 from pymc_gpf.options import (
     DEFAULT_MAX_STEPS,
@@ -66,8 +67,9 @@ class FlowInference(Inference):
     renamed_options: ClassVar[dict[str, str]] = {}  # old constructor keyword -> new
     start_points: ClassVar[str] = "particles"  # what the first step evaluates
 
-    def __init__(self, *, model=None, random_seed=None, start=None):
+    def __init__(self, *, model=None, random_seed=None, start=None, devices=None):
         self.target = BatchedTarget(model)
+        self.target.row_sharding = row_sharding(devices)
         self.hist = self.step_sizes = np.asarray(())  # free energy and step size per step
         self.gradient_evaluations = 0  # log-density-and-gradient evaluations, all fits
         self.density_evaluations = 0  # log-density-only evaluations (checks, validation)
@@ -122,7 +124,9 @@ class FlowInference(Inference):
     def settings(self) -> dict[str, Any]:
         """The options of this fit, as stored in the method's DataTree group."""
         fit = self.fit_options.settings() if self.fit_options is not None else {}
-        common = {"random_seed": self.random_seed, "n_steps": len(self.hist)}
+        sharding = self.target.row_sharding
+        devices = 1 if sharding is None else len(sharding.device_set)
+        common = {"random_seed": self.random_seed, "n_steps": len(self.hist), "devices": devices}
         return self.constructor_options() | common | self._fitted_settings() | fit
 
     def _fitted_settings(self) -> dict[str, Any]:

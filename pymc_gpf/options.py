@@ -173,6 +173,7 @@ def parse_fit_options(
             "(the default) uses natural-gradient steps and needs neither. Pass a "
             "learning_rate too to use them (e.g. learning_rate=0.01, optimizer='adam')."
         )
+    backend = _sharded_backend(target, backend, compile_kwargs)
     compile_kwargs_for(backend, compile_kwargs)  # validates backend vs compile_kwargs
     # an automatic fit on full data takes tens to hundreds of steps, so compiling is most
     # of its time to a result: with no backend named, build it where that is quickest
@@ -190,6 +191,21 @@ def parse_fit_options(
         tol=tol,
         compile_backend=backend if long_fit else quick_compile_backend(backend, compile_kwargs),
     )
+
+
+def _sharded_backend(target: BatchedTarget, backend: str | None, compile_kwargs) -> str | None:
+    """Particles split across JAX devices run on JAX: ``backend="jax"`` unless another one
+    was asked for (an error)."""
+    if target.row_sharding is None:
+        return backend
+    if backend is None and not (compile_kwargs or {}).get("mode"):
+        return "jax"
+    if backend != "jax":
+        raise ValueError(
+            f"devices= splits the particles across JAX devices, so the fit runs on JAX; "
+            f"got backend={backend!r}. Pass backend='jax' (or nothing), or drop devices."
+        )
+    return backend
 
 
 FIT_DOC = """Fit until converged, at most ``n`` steps; returns the approximation (PyMC's

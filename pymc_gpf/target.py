@@ -39,6 +39,7 @@ from pytensor.tensor.random.type import RandomGeneratorType
 from pytensor.tensor.type import discrete_dtypes
 
 from pymc_gpf.errors import InitialPointError, ModelNotSupportedError
+from pymc_gpf.jaxlink import shard_rows, sync_generators
 from pymc_gpf.linker import quick_c_mode
 from pymc_gpf.rewrites import with_rewrites
 
@@ -138,11 +139,13 @@ def compile_function(
     when it links the same node loaded from its on-disk cache: one seed gave different bits
     on a cold and on a warm cache. IEEE arithmetic makes them identical, at no measurable
     cost per step (its cache keys carry the flag, so no fast-math entry is reused).
+
+    On JAX the function's generators are kept in step with the shared ones
+    (:func:`pymc_gpf.jaxlink.sync_generators`).
     """
     with pytensor.config.change_flags(numba__fastmath=False):
-        return compile_pymc(
-            inputs, outputs, **compile_kwargs_for(backend, compile_kwargs), **kwargs
-        )
+        fn = compile_pymc(inputs, outputs, **compile_kwargs_for(backend, compile_kwargs), **kwargs)
+    return sync_generators(fn)
 
 
 def _map_rows(outputs: list[Variable], flat: Variable, rows: Variable) -> list[Variable]:
@@ -416,6 +419,8 @@ class BatchedTarget(_FlatLayout):
     observations included, so every value is on the full-data scale).
     """
 
+    row_sharding = None  # split the rows of points across JAX devices (jaxlink.row_sharding)
+
     def __init__(self, model: pm.Model | None = None):
         model = pm.modelcontext(model)
         _check_model(model)
@@ -446,14 +451,16 @@ class BatchedTarget(_FlatLayout):
     def logp_and_grads(
         self, particles: Variable, wrt: list[Variable] | tuple = ()
     ) -> tuple[Variable, Variable, list[Variable]]:
-        """Per-row log-density ``(N,)``, its gradient ``(N, D)``, and ``d sum(logp)/d wrt``."""
-        batched = _try_vectorize([self._logp], self._flat, particles, "log-density")
+        """Per-row log-density ``(N,)``, its gradient ``(N, D)``, and ``d sum(logp)/d wrt``;
+        each row evaluated on the device holding it when :attr:`row_sharding` is set."""
+        rows = shard_rows(particles, self.row_sharding)
+        batched = _try_vectorize([self._logp], self._flat, rows, "log-density")
         if batched is not None:
             grads = pytensor.grad(batched[0].sum(), [particles, *wrt])
             return batched[0], grads[0], list(grads[1:])
         # fallback: differentiate the single-point graph, then loop (no gradient through it)
         single = [self._logp, *pytensor.grad(self._logp, [self._flat, *wrt])]
-        logp, grad, *per_row = _map_rows(single, self._flat, particles)
+        logp, grad, *per_row = _map_rows(single, self._flat, rows)
         return logp, grad, [g.sum(axis=0) for g in per_row]
 
     def compile_logp_dlogp(self, backend: str | None = None, compile_kwargs: dict | None = None):
@@ -467,7 +474,8 @@ class BatchedTarget(_FlatLayout):
         ``full_data`` replaces ``pm.Minibatch`` data by the whole data set (the ``total_size``
         scaling then becomes 1)."""
         graph = self._full_data_logp if full_data else self._logp
-        [logp] = vectorize_rows([graph], self._flat, points, what="log-density")
+        rows = shard_rows(points, self.row_sharding)
+        [logp] = vectorize_rows([graph], self._flat, rows, what="log-density")
         return logp
 
     @cached_property

@@ -9,11 +9,19 @@ and against themselves for reproducibility.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+from pathlib import Path
+
 import numpy as np
 import pymc as pm
 import pytest
 
 from conftest import eight_schools
+
+import pymc_gpf
 
 pytest.importorskip("jax")
 
@@ -80,3 +88,40 @@ def test_the_same_seed_gives_the_same_numbers_on_jax(conjugate):
                             backend="jax")  # fmt: skip
         traces.append(approx.hist)
     np.testing.assert_array_equal(traces[0], traces[1])
+
+
+@pytest.mark.filterwarnings("ignore:ENSEMBLE did not converge")
+@pytest.mark.parametrize("method", ["gf", "ensemble"])
+def test_a_saved_jax_fit_continues_exactly(conjugate, tmp_path, method):
+    """The noise stream continues across compiled functions and a save: PyTensor's JAX
+    linker draws from a copy of the fit's generator, which is kept in step with it."""
+    model = conjugate[0]
+    with model:
+        whole = pm.fit(60, method=method, random_seed=4, progressbar=False, backend="jax")
+        part = pm.fit(30, method=method, random_seed=4, progressbar=False, backend="jax")
+    loaded = pymc_gpf.load(part.save(tmp_path / "fit.nc"), model=model)
+    loaded.refine(30, progressbar=False)
+    np.testing.assert_array_equal(loaded.hist, whole.hist)
+    for a, b in zip(loaded.params, whole.params, strict=True):
+        np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()))
+
+
+def test_sharded_fits_on_four_host_devices():
+    """``tests/sharded`` in a process with 4 host devices (XLA fixes them at start-up)."""
+    tests = Path(__file__).parent
+    env = os.environ | {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
+         "ignore::UserWarning", str(tests / "sharded")],
+        env=env, cwd=tests.parent, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "skipped" not in run.stdout and "5 passed" in run.stdout, run.stdout[-2000:]
+
+
+def test_devices_beyond_what_jax_sees_is_a_clear_error(conjugate):
+    import jax
+
+    with pytest.raises(ValueError, match="xla_force_host_platform_device_count"):
+        with conjugate[0]:
+            pm.fit(5, method="gf", inf_kwargs={"devices": len(jax.devices()) + 1})

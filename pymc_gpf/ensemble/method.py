@@ -155,6 +155,9 @@ class Ensemble(FlowInference):
         ``True``); ``False`` runs the paper's plain scheme.
     model, random_seed, start
         As in ``pm.fit``.
+    devices
+        JAX devices to split the particles or draws across (``backend="jax"``; a number, a
+        list of devices or a ``jax.sharding.Mesh``; docs: "Scaling up").
 
     Notes
     -----
@@ -187,12 +190,13 @@ class Ensemble(FlowInference):
         model: pm.Model | None = None,
         random_seed=None,
         start: dict | None = None,
+        devices=None,
     ):
         self.config = EnsembleConfig(
             kind, n_particles, temperature, repulsion, bandwidth, init, init_scale, thin,
             target_ess, precondition,
         )  # fmt: skip
-        super().__init__(model=model, random_seed=random_seed, start=start)
+        super().__init__(model=model, random_seed=random_seed, start=start, devices=devices)
 
     def _initialise(self) -> EnsembleApproximation:
         config, target = self.config, self.target

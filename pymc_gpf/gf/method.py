@@ -172,6 +172,9 @@ class GF(FlowInference):
         The initial factor is ``init_scale`` times the first ``K`` columns of the identity.
     model, random_seed, start
         As in ``pm.fit``.
+    devices
+        JAX devices to split the particles or draws across (``backend="jax"``; a number, a
+        list of devices or a ``jax.sharding.Mesh``; docs: "Scaling up").
 
     Notes
     -----
@@ -198,11 +201,12 @@ class GF(FlowInference):
         model: pm.Model | None = None,
         random_seed=None,
         start: dict | None = None,
+        devices=None,
         n_samples: int | str | None = None,
     ):
         draws = renamed("GF", "n_samples", "draws_per_step", n_samples, draws_per_step, AUTO)
         self.config = GFConfig(rank, draws, structure, natural_mean, init, init_scale)
-        super().__init__(model=model, random_seed=random_seed, start=start)
+        super().__init__(model=model, random_seed=random_seed, start=start, devices=devices)
 
     def _initialise(self) -> GFApproximation:
         config, d = self.config, self.target.ndim

@@ -133,6 +133,9 @@ class GPF(FlowInference):
         ``init``/``init_scale``/``cloud``; column order as ``approx.target.labels``).
     model, random_seed, start
         As in ``pm.fit``.
+    devices
+        JAX devices to split the particles or draws across (``backend="jax"``; a number, a
+        list of devices or a ``jax.sharding.Mesh``; docs: "Scaling up").
     """
 
     name = "gpf"
@@ -152,12 +155,13 @@ class GPF(FlowInference):
         model: pm.Model | None = None,
         random_seed=None,
         start: dict | None = None,
+        devices=None,
         jitter: float | None = None,
     ):
         init_scale = renamed("GPF", "jitter", "init_scale", jitter, init_scale, 0.1)
         self.config = GPFConfig(n_particles, structure, natural_mean, cloud, init, init_scale)
         self.initial_particles = initial_particles
-        super().__init__(model=model, random_seed=random_seed, start=start)
+        super().__init__(model=model, random_seed=random_seed, start=start, devices=devices)
 
     stages = property(lambda self: self._stages.stages)
     final_free_energy = property(lambda self: self._stages.final_free_energy)

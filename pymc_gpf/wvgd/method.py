@@ -166,6 +166,9 @@ class WVGD(FlowInference):
         ``init``); the local Gaussians start on them.
     model, random_seed, start
         As in ``pm.fit``.
+    devices
+        JAX devices to split the particles or draws across (``backend="jax"``; a number, a
+        list of devices or a ``jax.sharding.Mesh``; docs: "Scaling up").
 
     Notes
     -----
@@ -193,6 +196,7 @@ class WVGD(FlowInference):
         model: pm.Model | None = None,
         random_seed=None,
         start: dict | None = None,
+        devices=None,
         n_samples: int | None = None,
     ):
         draws = renamed(
@@ -200,7 +204,7 @@ class WVGD(FlowInference):
         )
         self.config = WVGDConfig(n_particles, draws, init_scale, init, weight_memory)
         self.initial_particles = initial_particles
-        super().__init__(model=model, random_seed=random_seed, start=start)
+        super().__init__(model=model, random_seed=random_seed, start=start, devices=devices)
 
     def _initialise(self) -> WVGDApproximation:
         config, target = self.config, self.target
