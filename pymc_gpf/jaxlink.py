@@ -24,9 +24,17 @@ import numpy as np
 from pytensor.compile.ops import TypeCastingOp
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Apply, Variable
+from pytensor.graph.traversal import applys_between
 from pytensor.tensor.random.type import RandomGeneratorType
+from pytensor.tensor.type import TensorType
 
-__all__ = ["ShardRows", "row_sharding", "shard_rows", "sync_generators"]
+__all__ = [
+    "ShardRows",
+    "row_sharding",
+    "shard_rows",
+    "sync_generators",
+    "whole_on_every_host",
+]
 
 _KEY_BITS = 64  # jax_typify(Generator) takes the key from the low 64 bits of PCG64's state
 
@@ -88,7 +96,8 @@ def sync_generators(fn):
 
 
 class ShardRows(TypeCastingOp):
-    """The identity, telling XLA to split the first axis of its input across devices."""
+    """The identity, telling XLA how to lay out its input across devices: ``sharding`` (a
+    ``jax.sharding.NamedSharding``; rows split, or whole on every device)."""
 
     __props__ = ("sharding",)
 
@@ -105,7 +114,7 @@ class ShardRows(TypeCastingOp):
         return output_grads
 
     def __str__(self) -> str:
-        return f"ShardRows({len(self.sharding.device_set)} devices)"
+        return f"ShardRows({self.sharding.spec}, {len(self.sharding.device_set)} devices)"
 
 
 def _register_jax() -> None:
@@ -126,6 +135,32 @@ def shard_rows(points: Variable, sharding) -> Variable:
     """``points`` ``(N, ...)`` with its rows split across ``sharding``'s devices (unchanged
     for ``sharding=None``)."""
     return points if sharding is None else ShardRows(sharding)(points)
+
+
+def whole_on_every_host(outputs: list[Variable], updates: dict) -> tuple[list, dict]:
+    """``outputs`` and ``updates`` kept whole on every device when the graph splits rows
+    across the devices of several processes (``jax.distributed``): each host can then read
+    them (a row split across hosts cannot be fetched by any one of them). Unchanged in one
+    process, where the state stays split between steps."""
+    meshes = {
+        node.op.sharding.mesh
+        for node in applys_between([], [*outputs, *updates.values()])
+        if isinstance(node.op, ShardRows)
+    }
+    if not meshes:
+        return outputs, updates
+    import jax
+
+    if jax.process_count() == 1:
+        return outputs, updates
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    whole = ShardRows(NamedSharding(meshes.pop(), PartitionSpec()))
+
+    def gathered(var: Variable) -> Variable:
+        return whole(var) if isinstance(var.type, TensorType) else var
+
+    return [gathered(o) for o in outputs], {k: gathered(v) for k, v in updates.items()}
 
 
 def row_sharding(devices: int | Sequence | Any | None):

@@ -39,7 +39,7 @@ from pytensor.tensor.random.type import RandomGeneratorType
 from pytensor.tensor.type import discrete_dtypes
 
 from pymc_gpf.errors import InitialPointError, ModelNotSupportedError
-from pymc_gpf.jaxlink import shard_rows, sync_generators
+from pymc_gpf.jaxlink import shard_rows, sync_generators, whole_on_every_host
 from pymc_gpf.linker import quick_c_mode
 from pymc_gpf.rewrites import with_rewrites
 
@@ -141,9 +141,17 @@ def compile_function(
     cost per step (its cache keys carry the flag, so no fast-math entry is reused).
 
     On JAX the function's generators are kept in step with the shared ones
-    (:func:`pymc_gpf.jaxlink.sync_generators`).
+    (:func:`pymc_gpf.jaxlink.sync_generators`), and across several hosts its results are
+    whole on each (:func:`pymc_gpf.jaxlink.whole_on_every_host`).
     """
-    with pytensor.config.change_flags(numba__fastmath=False):
+    if backend == "jax":
+        single = not isinstance(outputs, list | tuple)
+        outputs, updates = whole_on_every_host([outputs] if single else list(outputs),
+                                               dict(kwargs.pop("updates", None) or {}))  # fmt: skip
+        outputs, kwargs["updates"] = (outputs[0] if single else outputs), updates
+    with pytensor.config.change_flags(numba__fastmath=False), warnings.catch_warnings():
+        # the JAX linker's copies of the generators are kept in step (sync_generators)
+        warnings.filterwarnings("ignore", "The RandomType SharedVariables", UserWarning)
         fn = compile_pymc(inputs, outputs, **compile_kwargs_for(backend, compile_kwargs), **kwargs)
     return sync_generators(fn)
 

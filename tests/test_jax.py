@@ -9,6 +9,7 @@ and against themselves for reproducibility.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import numpy as np
 import pymc as pm
 import pytest
 
-from conftest import eight_schools
+from conftest import eight_schools, regression
 
 import pymc_gpf
 
@@ -117,6 +118,40 @@ def test_sharded_fits_on_four_host_devices():
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "skipped" not in run.stdout and "5 passed" in run.stdout, run.stdout[-2000:]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_fit_across_two_hosts_equals_the_unsharded_one(regression_data, tmp_path):
+    """Two processes joined by ``jax.distributed`` (2 CPU devices each) split the particles
+    over all 4 devices: each host reads whole results, which equal a one-device fit's to
+    round-off."""
+    script = Path(__file__).parent / "sharded" / "multihost_fit.py"
+    data = json.dumps({"x": regression_data[0].tolist(), "y": regression_data[1].tolist()})
+    port = str(_free_port())
+    env = os.environ | {"PYTHONWARNINGS": "ignore"}
+    logs = [(tmp_path / f"host{i}.out", tmp_path / f"host{i}.err") for i in range(2)]
+    hosts = []
+    for i, (out, err) in enumerate(logs):
+        with open(out, "w") as stdout, open(err, "w") as stderr:
+            command = [sys.executable, str(script), str(i), port, data]
+            hosts.append(subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr))
+    for host, (_, err) in zip(hosts, logs, strict=True):
+        assert host.wait(timeout=900) == 0, err.read_text()[-3000:]
+    split = json.loads(logs[0][0].read_text().strip().splitlines()[-1])
+    for method in ("gpf", "gf", "wvgd"):
+        with regression(*regression_data):
+            whole = pm.fit(method=method, random_seed=3, progressbar=False, backend="jax")
+        assert split[method]["devices"] == 4
+        np.testing.assert_allclose(split[method]["hist"], whole.hist, rtol=1e-10, atol=1e-10)
+        for a, b in zip(split[method]["params"], whole.params, strict=True):
+            np.testing.assert_allclose(a, np.asarray(b.get_value()), rtol=1e-9, atol=1e-12)
 
 
 def test_devices_beyond_what_jax_sees_is_a_clear_error(conjugate):
