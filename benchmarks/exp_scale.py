@@ -319,8 +319,9 @@ cores, so the table shows what splitting costs, not what it gains; the gain need
 with their own compute). The N sweep is a logistic regression with D = {N_DIM} weights on
 n = {N_ROWS} observations (a gradient costs O(nD) per particle); the D sweep a diagonal
 Gaussian (a gradient costs O(D)) with N = {D_PARTICLES}. *MB/device* is what the live JAX
-arrays hold on the busiest device between steps (the fit's state; XLA's temporaries inside a
-step are not counted).
+arrays hold on the busiest device between steps (the fit's state, split by rows, and any
+whole copies JAX keeps on the first device; XLA's temporaries inside a step are not
+counted).
 
 {_table(results, by_n + by_d, s)}
 

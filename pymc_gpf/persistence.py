@@ -188,12 +188,15 @@ def _fit_options(inference: FlowInference, attrs: dict) -> FitOptions:
     )
 
 
-def load(source: str | Path | xr.DataTree, model: pm.Model | None = None) -> FittedApproximation:
+def load(
+    source: str | Path | xr.DataTree, model: pm.Model | None = None, devices=None
+) -> FittedApproximation:
     """Rebuild a saved fit on ``model`` (the model it was fitted to, rebuilt by the same
     code; default: the model in context) and return its approximation, ready for
     ``refine(n)``, ``sample()`` and :func:`pymc_gpf.diagnose`. Learnt hyperparameters
     (``more_obj_params``) are written back into the model's shared variables of the same
-    names, as the fit had left them."""
+    names, as the fit had left them. ``devices`` (as the methods' option; a fit does not
+    save the machine's devices) splits the particles across JAX devices from here on."""
     tree = _open(source)
     if GROUP not in tree.children:
         raise ValueError(
@@ -208,7 +211,8 @@ def load(source: str | Path | xr.DataTree, model: pm.Model | None = None) -> Fit
             f"format {FORMAT}. Load it with the version that saved it, or fit again."
         )
     model = pm.modelcontext(model)
-    inference = METHODS[attrs["method"]].from_options(model, json.loads(attrs["options"]))
+    options = json.loads(attrs["options"]) | ({"devices": devices} if devices else {})
+    inference = METHODS[attrs["method"]].from_options(model, options)
     labels = json.loads(attrs["flat_coordinates"])
     if inference.target.labels != labels:
         raise ValueError(

@@ -117,7 +117,7 @@ def test_sharded_fits_on_four_host_devices():
         env=env, cwd=tests.parent, capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "skipped" not in run.stdout and "5 passed" in run.stdout, run.stdout[-2000:]
+    assert "skipped" not in run.stdout and "6 passed" in run.stdout, run.stdout[-2000:]
 
 
 def _free_port() -> int:

@@ -71,3 +71,17 @@ def test_sharding_needs_jax_and_as_many_devices(regression_data):
         _fit(regression_data, "gf", {}, 8, 5)
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()).reshape(2, 2), ("hosts", "cores"))
     assert _fit(regression_data, "gf", {}, mesh, 5).inference.settings()["devices"] == 4
+
+
+@pytest.mark.filterwarnings("ignore:GF did not converge")
+def test_a_saved_split_fit_continues_on_the_devices_given_to_load(regression_data, tmp_path):
+    import pymc_gpf
+
+    whole = _fit(regression_data, "gf", {}, 4, 40)
+    part = _fit(regression_data, "gf", {}, 4, 20)
+    loaded = pymc_gpf.load(part.save(tmp_path / "fit.nc"), regression(*regression_data), 4)
+    assert loaded.inference.settings()["devices"] == 4
+    loaded.refine(20, progressbar=False)
+    np.testing.assert_array_equal(loaded.hist, whole.hist)
+    for a, b in zip(loaded.params, whole.params, strict=True):
+        np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()))
