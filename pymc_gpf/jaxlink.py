@@ -12,6 +12,8 @@ PCG64 state, where the linker reads it from.
 ``jax.sharding.Mesh``) into a sharding of the first axis; :func:`shard_rows` marks an
 ``(N, D)`` graph variable with it (``jax.lax.with_sharding_constraint`` on JAX, the identity
 elsewhere), so XLA evaluates each row's log-density and gradient on the device holding it.
+Across the hosts of ``jax.distributed``, :func:`whole_on_every_host` makes a function's
+results whole on each host, which cannot read rows held by another.
 """
 
 from __future__ import annotations
