@@ -13,6 +13,7 @@ reference on the constrained scale, for exactly the reference parameters.
 from __future__ import annotations
 
 import time
+import warnings
 
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ TITLE = "Posteriors with outside ground truth (posteriordb, inference-gym)"
 
 MAX_STEPS = 10_000  # PyMC's default n
 FINAL_DRAWS = 10_000
-DIAGNOSE_DRAWS = 4_000
+DIAGNOSE_DRAWS = 16_384
 GOOD_MEAN, GOOD_SD = 0.1, 0.1  # "accurate": max |eps_mu| < 0.1 and max |eps_sigma| < 10 %
 NUTS_LABEL = "NUTS (PyMC, 2 × 1000 draws)"
 OPTIMUM_LABEL = "exact Gaussian-VI optimum"
@@ -82,10 +83,18 @@ class Result:
     khat: float = np.nan
     gap: float = np.nan
     note: str = ""
+    verdict: str = ""  # ours: approx.outcome.verdict
+    warned: bool = False  # ours: a FitWarning; Pathfinder: its reported k̂ >= 0.7
+    psis: tuple[float, float] = (np.nan, np.nan)  # errors of approx.sample(psis=True)
 
     @property
     def good(self) -> bool:
         return self.max_mean < GOOD_MEAN and self.max_sd < GOOD_SD
+
+    @property
+    def silent(self) -> bool:
+        """Inaccurate, and nothing said so."""
+        return not self.good and not self.warned and self.label != OPTIMUM_LABEL
 
 
 def errors(case: ReferenceCase, values: dict[str, np.ndarray]) -> tuple[float, float, float]:
@@ -151,14 +160,24 @@ def fit_case(case: ReferenceCase, spec: MethodSpec, seed: int) -> Result:
     if ours:
         outcome = inference.outcome
         result.stop = outcome.reason if outcome is not None else "divergence"
+        # the loop warns (FitWarning) exactly when the verdict is not "trustworthy"
+        result.verdict = (outcome.verdict or "") if outcome is not None else "divergence"
+        result.warned = outcome is None or outcome.verdict != "trustworthy"
         stages = getattr(inference, "stages", [])
         if len(stages) > 1:
             result.note += f" N: {' → '.join(str(s['n_particles']) for s in stages)}"
         if spec.method == "ensemble":  # draws, no density: R-hat and ESS stop it instead
             return result
+        result.khat = outcome.checks.get("pareto_k", np.nan) if outcome is not None else np.nan
         try:
             diagnosis = pymc_gpf.diagnose(run.approx, DIAGNOSE_DRAWS, random_seed=seed)
-            result.khat, result.gap = diagnosis.pareto_k, diagnosis.free_energy_gap
+            result.gap = diagnosis.free_energy_gap
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                corrected = run.approx.sample(
+                    FINAL_DRAWS, random_seed=seed, psis=True, return_inferencedata=False
+                )
+            result.psis = errors(case, corrected)[:2]
         except (FloatingPointError, ValueError, RuntimeError) as err:
             result.note += f" diagnose: {str(err)[:60]}"
     return result
@@ -189,9 +208,12 @@ def run_anchor(case: ReferenceCase, which: str, seed: int) -> Result:
     if out.hvp_evals:
         note = f"{out.hvp_evals} Hessian-vector products. {note}".strip()
     densities = out.logp_evals + out.info.get("logp_evals_final", 0)
+    khat = out.info.get("pareto_k")
+    warned = khat is not None and bool(np.isfinite(khat)) and khat >= 0.7
     return Result(
-        label, np.nan, out.grad_evals, densities, out.wall_time, max_mean, max_sd, w2, note=note
-    )
+        label, np.nan, out.grad_evals, densities, out.wall_time, max_mean, max_sd, w2,
+        note=note, warned=warned,
+    )  # fmt: skip
 
 
 def run_nuts(case: ReferenceCase, seed: int) -> Result:
@@ -218,7 +240,10 @@ def run_nuts(case: ReferenceCase, seed: int) -> Result:
     divergences = int(idata.sample_stats["diverging"].sum())
     max_mean, max_sd, w2 = errors(case, values)
     note = f"{divergences} divergences" if divergences else ""
-    return Result(NUTS_LABEL, 2000, grads, 0, seconds, max_mean, max_sd, w2, note=note)
+    return Result(
+        NUTS_LABEL, 2000, grads, 0, seconds, max_mean, max_sd, w2, note=note,
+        warned=divergences > 0,
+    )  # fmt: skip
 
 
 def run_optimum(case: ReferenceCase, settings: Settings) -> Result:
@@ -266,8 +291,11 @@ def run(ctx) -> str:
                     ("grads_to_accurate", r.grads_to_accurate, "gradients"),
                     ("pareto_khat", r.khat, ""),
                     ("free_energy_gap", r.gap, "nats"),
+                    ("silent", float(r.silent), ""),
+                    ("psis_max_abs_eps_mean", r.psis[0], "ref sd"),
+                    ("psis_max_abs_eps_sd", r.psis[1], "fraction"),
                 ],
-                " ".join(x for x in (r.stop, r.note) if x),
+                " ".join(x for x in (r.stop, r.verdict, r.note) if x),
             )
     return report(cases, results)
 
@@ -295,6 +323,7 @@ def summary_table(cases, results) -> str:
             if np.isfinite(_nuts_grads(results[c.name]))
         ]
         stopped = [r for r in per_case.values() if r.stop]
+        trusted = [r for r in per_case.values() if r.verdict == "trustworthy"]
         rows.append(
             [
                 label,
@@ -306,6 +335,8 @@ def summary_table(cases, results) -> str:
                 f"{sum(r.stop in ('converged', 'overfitting') for r in stopped)}/{len(cases)}"
                 if stopped
                 else "—",
+                str(sum(r.silent for r in per_case.values())),
+                f"{sum(r.good for r in trusted)}/{len(trusted)}" if trusted else "—",
             ]
         )
     headers = [
@@ -316,6 +347,8 @@ def summary_table(cases, results) -> str:
         "median max abs ε_σ",
         "median grad evals / NUTS's",
         "stopped by itself",
+        "silent failures",
+        "accurate when trustworthy",
     ]
     return common.md_table(headers, rows)
 
@@ -338,7 +371,11 @@ def case_table(rows: list[Result]) -> str:
                 fmt(r.steps, 3),
                 fmt(r.seconds, 3),
                 r.stop,
+                r.verdict,
+                "**SILENT**" if r.silent else "",
                 fmt(r.khat, 2) if np.isfinite(r.khat) else "",
+                fmt(r.psis[0], 2) if np.isfinite(r.psis[0]) else "",
+                f"{fmt(100 * r.psis[1], 2)} %" if np.isfinite(r.psis[1]) else "",
                 fmt(r.gap, 2) if np.isfinite(r.gap) else "",
                 r.note.strip(),
             ]
@@ -355,7 +392,11 @@ def case_table(rows: list[Result]) -> str:
         "steps",
         "wall (s)",
         "stop",
+        "verdict",
+        "silent",
         "k̂",
+        "PSIS ε_μ",
+        "PSIS ε_σ",
         "−ELBO − F",
         "note",
     ]
@@ -377,8 +418,12 @@ def report(cases, results) -> str:
         "(ours: every particle or draw of every step, line-search trials included; GPF's "
         "independent-cloud checks and bias checks are log-density-only evaluations, column "
         "*log p only*). *grad evals to accurate*: at the first check (log-spaced steps) "
-        "where q was accurate. *wall*: compilation included. k̂ and −ELBO − F: "
-        f"`pymc_gpf.diagnose` with {DIAGNOSE_DRAWS} draws."
+        "where q was accurate. *wall*: compilation included (and ours, the end-of-fit "
+        "verdict). *verdict*: `approx.outcome.verdict`, any but *trustworthy* warns "
+        "(`pymc_gpf.FitWarning`); *silent*: inaccurate and not warned (Pathfinder: its "
+        "reported k̂ below 0.7; NUTS: no divergence). k̂: the verdict's; PSIS ε: errors of "
+        "`approx.sample(psis=True)`; −ELBO − F: `pymc_gpf.diagnose` with "
+        f"{DIAGNOSE_DRAWS} draws."
     )
     parts = [setup, "### Summary", summary_table(cases, results)]
     for c in cases:

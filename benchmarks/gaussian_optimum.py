@@ -259,10 +259,14 @@ def gaussian_optimum(
     check_draws: int = 2**15,
     maxiter: int = 5000,
     backend: str | None = "c",
+    initial: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> GaussianOptimum:
     """The full-rank Gaussian VI optimum of ``model`` (see the module docstring): ``draws``
     antithetic Sobol draws for the optimisation (two independent scramblings, from ``seed``),
-    ``check_draws`` fresh i.i.d. draws for the checks."""
+    ``check_draws`` fresh i.i.d. draws for the checks. ``start = (mean, cov)`` (e.g. a
+    reference sample's moments) replaces the MAP and its Laplace approximation as the
+    starting Gaussian and whitening: a centred hierarchical model has no MAP (its density
+    grows without bound as the group scale shrinks)."""
     from pymc_gpf import BatchedTarget
 
     start = time.perf_counter()
@@ -274,11 +278,15 @@ def gaussian_optimum(
     def stage(name: str, before: int) -> None:
         counts[name] = f.points - before
 
-    m0, map_converged = _map(f, target.start_vector())
-    stage("map", 0)
-    before = f.points
-    chol0, positive = _laplace_chol(f, m0)
-    stage("hessian", before)
+    if initial is None:
+        m0, map_converged = _map(f, target.start_vector())
+        stage("map", 0)
+        before = f.points
+        chol0, positive = _laplace_chol(f, m0)
+        stage("hessian", before)
+    else:
+        m0, map_converged, positive = np.asarray(initial[0], dtype=float), None, None
+        chol0 = np.linalg.cholesky(np.asarray(initial[1], dtype=float))
     problem = _Whitened(f, m0, chol0)
 
     fits = []

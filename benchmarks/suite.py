@@ -39,6 +39,7 @@ EXPERIMENTS: dict[str, str] = {
     "bnn": "exp_bnn",  # paper Table 1
     "wvgd": "exp_wvgd",  # WVGD paper
     "reference": "exp_reference",  # posteriordb + inference-gym ground truth
+    "hard": "exp_hard",  # posteriors the defaults were never tuned on, NUTS references
     "minibatch": "exp_minibatch",  # pm.Minibatch at defaults, closed-form posterior
     "speed": "exp_speed",  # per-step cost, scaling with D and N
     "startup": "exp_startup",  # time to the first step, cold and warm cache

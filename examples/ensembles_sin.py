@@ -51,7 +51,10 @@ def main() -> None:
         for kind, options in KINDS.items():
             approx = pm.fit(
                 args.steps if kind != "deep" else None, method="ensemble",
-                inf_kwargs={"kind": kind, "init_scale": HALF_WIDTH / 3, **options},
+                inf_kwargs={
+                    "kind": kind, "init": "initial_point", "init_scale": HALF_WIDTH / 3,
+                    **options,
+                },
                 learning_rate=None if kind == "deep" else 0.05, random_seed=7,
                 progressbar=not quick,
             )  # fmt: skip

@@ -7,12 +7,18 @@ available (``pymc_gpf.unregister()`` undoes it).
 from pymc_gpf import optimizers
 from pymc_gpf.diagnostics import Diagnosis, diagnose
 from pymc_gpf.ensemble import Ensemble, EnsembleApproximation
-from pymc_gpf.errors import DivergenceError, InitialPointError, ModelNotSupportedError
+from pymc_gpf.errors import (
+    DivergenceError,
+    FitWarning,
+    InitialPointError,
+    ModelNotSupportedError,
+)
 from pymc_gpf.gf import GF, GFApproximation
 from pymc_gpf.gpf import GPF, GPFApproximation
 from pymc_gpf.persistence import load
 from pymc_gpf.registry import register, register_method, unregister
 from pymc_gpf.target import BatchedTarget
+from pymc_gpf.verdict import Verdict
 from pymc_gpf.version import __version__
 from pymc_gpf.wvgd import WVGD, WVGDApproximation
 
@@ -25,10 +31,12 @@ __all__ = [
     "DivergenceError",
     "Ensemble",
     "EnsembleApproximation",
+    "FitWarning",
     "GFApproximation",
     "GPFApproximation",
     "InitialPointError",
     "ModelNotSupportedError",
+    "Verdict",
     "WVGDApproximation",
     "__version__",
     "diagnose",

@@ -8,6 +8,7 @@ what goes into its own DataTree group.
 from __future__ import annotations
 
 import functools
+import time
 
 from typing import Any
 
@@ -23,8 +24,12 @@ from pymc_gpf.diagnostics import Diagnosis, diagnose
 from pymc_gpf.engine import FlowInference
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.persistence import save, to_datatree
+from pymc_gpf.verdict import Verdict, importance_check, importance_verdict
 
 LOGP_CHUNK = 256  # points per log-density call: bounds memory for models with much data
+# the fewest draws of q PSIS resamples from: with fewer, k̂ overstates the tail of a
+# near-Gaussian posterior (pymc_gpf.verdict)
+PSIS_POOL = 16384
 
 __all__ = ["FlowApproximation", "GaussianApproximation", "ParticlesMixin"]
 
@@ -82,6 +87,30 @@ class FlowApproximation:
         chunks = [fn(points[i : i + LOGP_CHUNK]) for i in range(0, len(points), LOGP_CHUNK)]
         return np.concatenate(chunks).astype(float)
 
+    # ------------------------------------------------------------------ the verdict
+    # what to use where q cannot represent the posterior (measured: docs/trust.md)
+    alternative = (
+        "Use method='ensemble' (Langevin chains, which sample the posterior itself) or NUTS "
+        "(pm.sample)"
+    )
+
+    def check_fit(self, rng: np.random.Generator, max_draws: int) -> Verdict:
+        """The verdict on a fit that converged (or ran untested): importance sampling with
+        q as proposal (:func:`pymc_gpf.verdict.importance_check`), at most ``max_draws``
+        draws from ``rng``."""
+        start = time.perf_counter()
+        with np.errstate(all="ignore"):
+            check = importance_check(self, rng, max_draws=max_draws)
+        return importance_verdict(check, self.alternative, time.perf_counter() - start)
+
+    def check_proposal(self, rng: np.random.Generator):
+        """What the importance check draws from, and (for a degenerate q, whose density
+        is not defined) q itself to read its moments from; else ``None``."""
+        q, undefined = self.proposal(None, rng)
+        if undefined is None:
+            return q, None
+        return self.proposal(True, rng)[0], q
+
     def _compiled_for(self, key, compile_fn, *args):
         """A compiled function of the target, once per fit backend."""
         options = self.inference.fit_options
@@ -123,10 +152,10 @@ class FlowApproximation:
         method's own group (with the numbers of the last :func:`pymc_gpf.diagnose`). With
         ``return_inferencedata=False`` a dict of arrays.
 
-        ``psis=True`` returns PSIS-corrected draws instead: ``4 * draws`` draws of q are
-        importance-weighted towards the posterior (Pareto-smoothed) and ``draws`` of them
-        resampled by weight; the diagnosis of those draws is stored, and a warning says
-        when k̂ makes them unreliable. ``regularize`` is passed to the diagnosis (needed
+        ``psis=True`` returns PSIS-corrected draws instead: ``4 * draws`` draws of q (at
+        least 16 384) are importance-weighted towards the posterior (Pareto-smoothed) and
+        ``draws`` of them resampled by weight; the diagnosis of those draws is stored, and a
+        warning says when k̂ makes them unreliable. ``regularize`` is passed to the diagnosis (needed
         when q is degenerate).
         """
         if not is_integer(draws, 1):
@@ -136,7 +165,8 @@ class FlowApproximation:
             include_transformed = bool(options and options.include_transformed)
         rng = np.random.default_rng(seed_sequence(random_seed))
         if psis:
-            diagnosis = diagnose(self, 4 * int(draws), random_seed=rng, regularize=regularize)
+            pool = max(4 * int(draws), PSIS_POOL)
+            diagnosis = diagnose(self, pool, random_seed=rng, regularize=regularize)
             flat = diagnosis.resample(int(draws), rng)
         else:
             if regularize is not None:

@@ -7,10 +7,13 @@ are :data:`REASONS`. The rules:
 * :class:`Deterministic` (GPF on full data, backtracking line search): **converged** when the
   natural-gradient decrement (squared distance to the fixed point in units of q's spread,
   :class:`pymc_gpf.gpf.flow.NaturalFlow`) stayed below ``tol**2`` for ``window`` accepted
-  steps; **overfitting** when the free energy on an independent cloud of the same Gaussian
-  has not improved for ``patience`` accepted steps (the particles have begun to fit their
-  own positions: finite-N bias), the state with the best independent value being restored;
-  **stalled** when backtracking shrank the step below ``1e-12`` without a decrease.
+  steps. Every early stop must pass the same test: when the free energy on an independent
+  cloud of the same Gaussian has not improved for ``patience`` accepted steps near the
+  fixed point (the particles have begun to fit their own positions: finite-N bias), the
+  state with the best independent value is restored and re-evaluated, and the fit ends
+  there only if its decrement is below ``tol**2`` (else GPF grows its cloud, or ends
+  **overfitting**, not converged); **stalled** when backtracking shrank the step below
+  ``1e-12`` without a decrease from a state that had not converged.
 * :class:`Stochastic` (GF's fresh draws, minibatches, WVGD): the trace is cut into windows
   of ``max(20, 4 / rate)`` steps. When a window's mean free energy is not significantly
   below the previous one's (one-sided test at 5 %: while the free energy still falls by
@@ -30,7 +33,7 @@ from __future__ import annotations
 import math
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,7 +42,7 @@ __all__ = ["REASONS", "Control", "Deterministic", "FixedSteps", "Outcome", "Save
 
 REASONS = {
     "converged": "converged",
-    "overfitting": "stopped early: the particles had begun to fit their own positions",
+    "overfitting": "finite-N bias: the particles had begun to fit their own positions",
     "stalled": "stalled: no step size lowered the free energy",
     "floor": "the step size reached its floor before the iterates settled",
     "max_steps": "reached the maximum number of steps before converging",
@@ -48,6 +51,9 @@ REASONS = {
     "divergence": "diverged",
 }
 Z_ONE_SIDED_5 = 1.645
+# the early stop on an independent cloud applies within about one sd of the fixed point
+# (natural-gradient decrement < 1): farther out the flow's own progress dwarfs finite-N bias
+NEAR = 1.0
 Z_ONE_SIDED_005 = 3.29
 # while averaging, the average restarts only on a drop significant at 0.05 %: it is tested
 # after every window, and a 5 % test would restart a long average by chance
@@ -58,20 +64,33 @@ _ARRAY = "__ndarray__"  # the key marking an array in a saved state
 class Outcome:
     """How a fit ended: ``converged`` (``None`` when nothing was tested: a fixed step size
     without ``tol``), the ``reason`` code (:data:`REASONS`), the step count when it stopped
-    and an explanation in words."""
+    and an explanation in words; then whether to trust it: the ``verdict``
+    (:data:`pymc_gpf.verdict.WORDS`, ``None`` if unchecked), its explanation and remedy in
+    ``verdict_message``, and the ``checks`` behind it (k̂, the estimated errors of q, ...,
+    and what the check cost)."""
 
     converged: bool | None
     reason: str
     step: int
     message: str
+    verdict: str | None = None
+    verdict_message: str = ""
+    checks: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def trustworthy(self) -> bool:
+        return self.verdict == "trustworthy"
 
     def attrs(self) -> dict[str, Any]:
+        checks = {f"check_{key}": value for key, value in self.checks.items()}
         return {
             "converged": "untested" if self.converged is None else str(self.converged),
             "stop_reason": self.reason,
             "stopped_at_step": self.step,
             "stop_message": self.message,
-        }
+            "verdict": "unchecked" if self.verdict is None else self.verdict,
+            "verdict_message": self.verdict_message,
+        } | checks
 
 
 class Saved:
@@ -107,6 +126,11 @@ class Control(Saved):
 
     def describe(self, reason: str) -> str:
         return REASONS.get(reason, reason)
+
+    def conclude(self, reason: str) -> str:
+        """The reason the fit ends with, given the loop's (e.g. a last test at the step
+        limit)."""
+        return reason
 
     def finish(self, reason: str) -> None:
         """The fit stops for ``reason`` (e.g. the step limit): a last chance to act."""
@@ -150,7 +174,20 @@ class FixedSteps(Control):
 
 
 class Deterministic(Control):
-    """Backtracking fits: decrement test, independent-cloud early stopping, stall."""
+    """Backtracking fits: the decrement test, and early stopping that must pass it too.
+
+    * **converged**: the natural-gradient decrement stayed below ``tol**2`` for ``window``
+      accepted steps.
+    * The free energy of an independent cloud (``info["since_best"]``) has not improved for
+      ``patience`` accepted steps while the fit is near its fixed point (decrement below
+      :data:`NEAR`, the best independent value finite): **overfitting** (finite-N bias), a
+      request to the method to restore its best state. The next accepted step re-evaluates
+      that state; it ends the fit as **converged** only if its decrement is below
+      ``tol**2``, else as **unverified**: the method then grows its cloud, or stops there
+      as **overfitting**, not converged.
+    * **stalled**: backtracking shrank the step below ``min_step`` without a decrease
+      (converged instead if the last decrement was already below ``tol**2``).
+    """
 
     kind = "deterministic"
 
@@ -158,20 +195,34 @@ class Deterministic(Control):
         super().__init__(tol)
         self.window, self.patience, self.min_step = window, patience, min_step
         self.decrements: list[float] = []
+        self.last_decrement = float("inf")
+        self.verifying = False  # the best state was restored: the next evaluation tests it
 
     def observe(self, free_energy, info):
         if info["accepted"]:
-            self.decrements = [*self.decrements[-(self.window - 1) :], float(info["decrement"])]
+            self.last_decrement = float(info["decrement"])
+            if self.verifying:
+                self.verifying = False
+                return "converged" if self.last_decrement < self.tol**2 else "unverified"
+            self.decrements = [*self.decrements[-(self.window - 1) :], self.last_decrement]
             if len(self.decrements) == self.window and max(self.decrements) < self.tol**2:
                 return "converged"
-        if info.get("since_best", 0) >= self.patience:
+        near = self.last_decrement < NEAR and math.isfinite(info.get("best_validation", 0.0))
+        if near and info.get("since_best", 0) >= self.patience:
             return "overfitting"
         if not info["accepted"] and info["step_size"] < self.min_step:
-            return "stalled"
+            return "converged" if self.last_decrement < self.tol**2 else "stalled"
         return None
+
+    def verify(self) -> None:
+        """The method restored a state: the next accepted evaluation decides."""
+        self.verifying = True
+        self.decrements = []
 
     def restart(self) -> None:
         self.decrements = []
+        self.last_decrement = float("inf")
+        self.verifying = False
 
     def describe(self, reason):
         if reason == "converged":
@@ -182,14 +233,19 @@ class Deterministic(Control):
             )
         if reason == "overfitting":
             return (
-                f"stopped early: the free energy of an independent cloud of the same Gaussian "
-                f"had not improved for {self.patience} steps (the particles had begun to fit "
-                "their own positions, finite-N bias); the state where it was lowest is kept"
+                f"finite-N bias: the free energy of an independent cloud of the same Gaussian "
+                f"stopped improving while the particles' own kept falling (they had begun to "
+                f"fit their own positions), and where it was lowest q is not at the fixed "
+                f"point (natural-gradient decrement {self.last_decrement:.2g} > tol^2 = "
+                f"{self.tol**2:.3g}); q is that state, nearer the Gaussian optimum than the "
+                "particles' own fixed point. More particles shrink the bias; method='gf' (fresh "
+                "draws every step) has none"
             )
         if reason == "stalled":
             return (
-                f"stalled: no step size down to {self.min_step:g} lowered the free energy; "
-                "the log-density may be non-smooth or not finite near q"
+                f"stalled: no step size down to {self.min_step:g} lowered the free energy "
+                f"(natural-gradient decrement {self.last_decrement:.2g} > tol^2); the "
+                "log-density may be non-smooth or not finite near q"
             )
         return super().describe(reason)
 

@@ -35,7 +35,7 @@ from scipy.special import logsumexp
 from pymc_gpf.checks import is_integer, seed_sequence
 from pymc_gpf.protocols import FittedApproximation
 
-__all__ = ["Diagnosis", "diagnose", "free_energy_gap", "khat_threshold"]
+__all__ = ["Diagnosis", "diagnose", "free_energy_gap", "khat_threshold", "smoothed_log_weights"]
 
 KHAT_VERY_BAD = 1.0
 # a GPF free energy this many nats (beyond 3 Monte Carlo se) below -ELBO is flagged
@@ -292,7 +292,7 @@ def _regularize_option(regularize) -> bool | float | None:
 
 def diagnose(
     approx: FittedApproximation,
-    draws: int = 4000,
+    draws: int = 16384,
     *,
     random_seed=None,
     regularize: bool | float | None = None,
@@ -321,7 +321,7 @@ def diagnose(
     log_q = q.logpdf(points)
     log_p = approx.log_density(points)
     if undefined is None:
-        log_weights, k = _smoothed_log_weights(log_p, log_q)
+        log_weights, k = smoothed_log_weights(log_p, log_q)
         ridge = getattr(q, "ridge", None)
     else:
         log_weights, k, ridge = np.full(len(log_p), -np.log(len(log_p))), float("nan"), None
@@ -344,7 +344,7 @@ def diagnose(
     return diagnosis
 
 
-def _smoothed_log_weights(log_p: np.ndarray, log_q: np.ndarray) -> tuple[np.ndarray, float]:
+def smoothed_log_weights(log_p: np.ndarray, log_q: np.ndarray) -> tuple[np.ndarray, float]:
     """The Pareto-smoothed, normalised log importance weights of draws of q and the shape
     k̂ of the Pareto fit to their largest ratios (``-inf`` for constant ratios: no tail); a
     draw where ``log p`` is NaN gets weight 0."""

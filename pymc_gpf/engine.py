@@ -36,8 +36,11 @@ from pymc_gpf.options import (
 )
 from pymc_gpf.stepgraph import compile_step
 from pymc_gpf.target import BatchedTarget
+from pymc_gpf.verdict import NOT_CONVERGED, UNCONVERGED_REMEDIES, Verdict
 
 __all__ = ["FlowInference", "configure"]
+
+CHECK_STREAM = 5  # spawn key of the verdict's random stream (0-3: the fit's, 4: WVGD's)
 
 
 def rebuild(cls: type[FlowInference], model: pm.Model, options: dict[str, Any]) -> FlowInference:
@@ -134,7 +137,10 @@ class FlowInference(Inference):
 
     def _seed(self, random_seed) -> None:
         self.random_seed = random_seed
-        init_seq, data_seq, noise_seq, method_seq = seed_sequence(random_seed).spawn(4)
+        root = seed_sequence(random_seed)
+        # the verdict's draws: a stream of their own, from the seed and the step count
+        self._check_root = (root.entropy, tuple(root.spawn_key))
+        init_seq, data_seq, noise_seq, method_seq = root.spawn(4)
         self.target.seed(data_seq)
         self._init_rng = np.random.default_rng(init_seq)
         # a stream of the method's own (GPF: restarts, independent clouds; saved with the fit)
@@ -196,6 +202,23 @@ class FlowInference(Inference):
             self.control.tol = self.fit_options.tol
         self._run(int(n), progressbar, progressbar_theme)
         return self.approx
+
+    def judge(self) -> Verdict | None:
+        """The verdict on the fit as it stands (:mod:`pymc_gpf.verdict`): "not converged"
+        from the outcome alone, else the approximation's own check (``None`` when
+        ``check_draws=0``)."""
+        outcome = self.outcome
+        if outcome.converged is False:
+            return Verdict(NOT_CONVERGED, outcome.message, self._remedy(outcome.reason))
+        if self.fit_options.check_draws == 0:
+            return None
+        entropy, key = self._check_root
+        seed = np.random.SeedSequence(entropy, spawn_key=(*key, CHECK_STREAM, len(self.hist)))
+        return self.approx.check_fit(np.random.default_rng(seed), self.fit_options.check_draws)
+
+    def _remedy(self, reason: str) -> str:
+        """What to do about a fit that ended for ``reason`` without converging."""
+        return UNCONVERGED_REMEDIES.get(reason, "")
 
     def _control(self, options: FitOptions) -> Control:
         """:class:`~pymc_gpf.control.FixedSteps` for a fixed ``learning_rate``, else

@@ -23,3 +23,9 @@ class DivergenceError(FloatingPointError):
     def __init__(self, message: str, approx: Any = None):
         super().__init__(message)
         self.approx = approx
+
+
+class FitWarning(UserWarning):
+    """A fit that should not be trusted as it is: it did not converge, or q cannot
+    represent the posterior (``approx.outcome.verdict``). The message names the cause and
+    a remedy."""

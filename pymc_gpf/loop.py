@@ -11,7 +11,7 @@ import math
 import warnings
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -20,9 +20,11 @@ from rich.console import Console
 from rich.progress import Progress, TextColumn
 
 from pymc_gpf.control import Outcome
+from pymc_gpf.errors import FitWarning
 from pymc_gpf.failure import FailedStep, explain_failure
 from pymc_gpf.options import FitOptions
 from pymc_gpf.stepgraph import CompiledStep
+from pymc_gpf.verdict import NOT_CONVERGED
 
 __all__ = ["LoopResult", "fit_outcome", "progress_text", "run", "run_steps"]
 
@@ -158,14 +160,36 @@ def run(inference, n: int, progressbar: bool, theme) -> None:
             len(inference.hist),
         )
         raise explain_failure(failed, inference.target, inference.approx)
-    options = inference.fit_options
-    if inference.outcome.converged is False and result.reason not in ("callback", "interrupted"):
-        if n > 0 and (options.auto or options.tol is not None):
-            warnings.warn(
-                f"{inference.name.upper()} did not converge: {inference.outcome.message}",
-                UserWarning,
-                stacklevel=5,
-            )
+    if n == 0:
+        return
+    verdict = inference.judge()
+    if verdict is not None:
+        numbers = verdict.numbers | {
+            "density_evaluations": verdict.density_evaluations,
+            "seconds": round(verdict.seconds, 4),
+        }
+        inference.outcome = replace(
+            inference.outcome,
+            verdict=verdict.word,
+            verdict_message=verdict.message,
+            checks=numbers,
+        )
+    if verdict is None or verdict.trustworthy or result.reason in ("callback", "interrupted"):
+        return
+    name = inference.name.upper()
+    if verdict.word == NOT_CONVERGED:
+        text = f"{name} did not converge: {inference.outcome.message}"
+        text += f". {verdict.remedy}" if verdict.remedy else ""
+    elif inference.outcome.converged is None:
+        text = (
+            f"{name} ran the steps asked for without a convergence test (a fixed learning_rate "
+            f"and no tol), and its q is {verdict.word} (or unfinished): {verdict.cause}"
+        )
+        text += f". {verdict.remedy}" if verdict.remedy else ""
+    else:
+        text = f"{name} converged, but its q is {verdict.word}: {verdict.cause}"
+        text += f". {verdict.remedy}" if verdict.remedy else ""
+    warnings.warn(text, FitWarning, stacklevel=5)
 
 
 def _record(inference, result: LoopResult, n: int) -> None:
@@ -175,6 +199,8 @@ def _record(inference, result: LoopResult, n: int) -> None:
         hist, sizes = hist[:-1], sizes[:-1]
     inference.hist, inference.step_sizes = hist, sizes
     inference.state = inference.state._replace(i=len(hist))
+    if result.failure is None:
+        result.reason = inference.control.conclude(result.reason)
     message = inference._describe(result.reason)
     inference.outcome = fit_outcome(result.reason, n, len(hist), inference.fit_options, message)
     inference.control.finish(result.reason)
@@ -185,7 +211,7 @@ def _record(inference, result: LoopResult, n: int) -> None:
 def fit_outcome(reason: str, n: int, steps: int, options: FitOptions, message: str) -> Outcome:
     """How a call of ``n`` steps ended, after ``steps`` steps in all; ``message`` is the
     controller's description of ``reason``."""
-    converged: bool | None = reason in ("converged", "overfitting")
+    converged: bool | None = reason == "converged"
     if reason == "max_steps":
         message = f"{message} ({n} steps this call); continue with approx.refine(n)"
         if not options.auto and options.tol is None:

@@ -13,7 +13,7 @@ from typing import Any
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.traversal import ancestors
 
-from pymc_gpf.checks import positive
+from pymc_gpf.checks import is_integer, positive
 from pymc_gpf.optimizers import Optimizer, Transform, chain, clip_by_norm, resolve
 from pymc_gpf.target import BatchedTarget, compile_kwargs_for, quick_compile_backend
 
@@ -44,7 +44,9 @@ FIT_KEYWORDS = (
     "progressbar",
     "backend",
     "include_transformed",
+    "check_draws",
 )
+CHECK_DRAWS = 16384  # the most draws of q the end-of-fit importance check evaluates
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class FitOptions:
     include_transformed: bool = False
     tol: float | None = None
     compile_backend: str | None = None  # what the fit compiles with (parse_fit_options)
+    check_draws: int = CHECK_DRAWS  # the verdict's largest importance check (0: none)
 
     @property
     def auto(self) -> bool:
@@ -81,6 +84,7 @@ class FitOptions:
             "more_obj_params": [p.name or repr(p) for p in self.more_obj_params],
             "backend": self.backend,
             "compiled_with": self.compile_backend or "PyMC's default",
+            "check_draws": self.check_draws,
         }
 
 
@@ -150,11 +154,17 @@ def parse_fit_options(
     compile_kwargs=None,
     include_transformed=False,
     tol=None,
+    check_draws=CHECK_DRAWS,
 ) -> FitOptions:
     """The fit keywords, checked, with their defaults for ``target``."""
     rates = parse_learning_rate(learning_rate)
     if clip_norm is not None:
         clip_norm = positive("clip_norm", clip_norm)
+    if not is_integer(check_draws, 0):
+        raise ValueError(
+            "check_draws (the most draws of q the verdict's importance check evaluates "
+            f"log p at) must be a non-negative integer, 0 to skip the check; got {check_draws!r}."
+        )
     if tol is not None:
         tol = positive("tol", tol)
     elif rates is None:
@@ -190,6 +200,7 @@ def parse_fit_options(
         include_transformed=bool(include_transformed),
         tol=tol,
         compile_backend=backend if long_fit else quick_compile_backend(backend, compile_kwargs),
+        check_draws=int(check_draws),
     )
 
 
@@ -243,6 +254,11 @@ more_obj_params
     (type-II maximum likelihood; the regularised free energy of §3.4.1 for GPF).
 compile_kwargs, backend
     As in PyMC (``backend="c"``, ``"numba"``, ``"jax"``).
+check_draws
+    The verdict at the end of the fit (``approx.outcome.verdict``) checks q by importance
+    sampling against the model, drawing from q in batches until its answer is clear, at
+    most this many draws (default 16 384; log-density evaluations without gradient);
+    ``0`` skips the check (the verdict is then ``None`` unless the fit did not converge).
 callbacks, progressbar, progressbar_theme, include_transformed
     As in PyMC: callbacks are called as ``cb(approx, hist, i)`` and may raise
     ``StopIteration``.
@@ -252,8 +268,10 @@ score
 
 Notes
 -----
-How the fit ended is ``approx.outcome`` (also in the DataTree's ``fit`` group); a fit that
-did not converge warns. Calling ``fit`` again continues from the current state with a fresh
+How the fit ended is ``approx.outcome`` (also in the DataTree's ``fit`` group), with its
+verdict (``"trustworthy"``, ``"family-limited"`` or ``"not converged"``, see
+:mod:`pymc_gpf.verdict`); any verdict but "trustworthy" warns with
+:class:`pymc_gpf.FitWarning`. Calling ``fit`` again continues from the current state with a fresh
 optimiser and step-size schedule (and a new compiled step); ``refine`` continues with the
 same ones.
 """

@@ -146,7 +146,10 @@ class CompiledStep:
 
     def __call__(self):
         self.calls += 1
-        return self.fn()
+        # a trial step may overflow (a far start, unscaled parameters): the step itself
+        # refuses non-finite values, so NumPy's warnings about them are noise
+        with np.errstate(all="ignore"):
+            return self.fn()
 
     def diagnose(self, target: BatchedTarget) -> dict[str, np.ndarray]:
         """Re-evaluate the step without applying it (after a rejection the kept state is

@@ -9,9 +9,10 @@ import numpy as np
 from pymc_gpf.checks import is_integer, positive
 from pymc_gpf.config import MethodConfig
 
-__all__ = ["KINDS", "EnsembleConfig"]
+__all__ = ["ENSEMBLE_INITS", "KINDS", "EnsembleConfig"]
 
 KINDS = ("deep", "langevin", "repulsive")
+ENSEMBLE_INITS = ("auto", "gaussian", "initial_point", "map")
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class EnsembleConfig(MethodConfig):
     temperature: float = 1.0
     repulsion: float = 1.0
     bandwidth: float | str = "median"
-    init: str = "initial_point"
+    init: str = "auto"
     init_scale: float = 1.0
     thin: int = 1
     target_ess: int = 400
@@ -37,6 +38,8 @@ class EnsembleConfig(MethodConfig):
                 f"n_particles must be an integer >= 2 (the ensemble's members; R-hat needs "
                 f"two chains), got {self.n_particles!r}."
             )
+        if self.init not in ENSEMBLE_INITS:
+            raise ValueError(f"init must be one of {ENSEMBLE_INITS}, got {self.init!r}.")
         if self.bandwidth != "median":
             self._normalise(bandwidth=positive("bandwidth", self.bandwidth))
         for name in ("thin", "target_ess"):
@@ -53,6 +56,14 @@ class EnsembleConfig(MethodConfig):
             thin=int(self.thin),
             target_ess=int(self.target_ess),
         )
+
+    @property
+    def resolved_init(self) -> str:
+        """``"auto"``: the Langevin kinds start from a Gaussian fit (GF), the deep kind
+        from the initial point (its members' spread is what it keeps)."""
+        if self.init != "auto":
+            return self.init
+        return "initial_point" if self.kind == "deep" else "gaussian"
 
     @property
     def temperature_used(self) -> float:

@@ -63,6 +63,8 @@ MAX_RHAT = 1.01
 CHECK_SPACING = 4  # convergence checks are at least this many draws per coordinate apart
 MAX_STORED = 20_000_000  # numbers kept as draws (160 MB); beyond, the draws are thinned
 MIN_STORED = 8  # draws kept whatever their size (a model too large for MAX_STORED)
+BURN_IN_KEPT = 20  # the last burn-in states kept: a fit that never left burn-in returns them
+APART = 4.0  # a chain whose mean is this many within-chain sds from the others' sits apart
 RIDGE = 1e-6  # the least weight of the diagonal in the preconditioner
 
 
@@ -268,6 +270,8 @@ class SamplingControl(Control):
         self.shrink = 1.0  # the guard's factor on the curvature's step size
         self.previous: list[float] | None = None
         self.ess = self.rhat = self.rhat_excess = float("nan")
+        self.recent: list[np.ndarray] = []  # the last BURN_IN_KEPT states of burn-in
+        self.converged = False  # the last convergence check passed
         self._set_rate(self.rate)
 
     def observe(self, free_energy, info):
@@ -290,6 +294,7 @@ class SamplingControl(Control):
     def _burn(self, value: float) -> None:
         self.values.append(value)
         particles, drift = self._particles()
+        self.recent = [*self.recent[-(BURN_IN_KEPT - 1) :], np.array(particles)]
         window_ends = len(self.values) == self.window
         if self.adapt and self._preconditioner is not None:
             self.deviations.append(particles - particles.mean(axis=0))
@@ -334,9 +339,35 @@ class SamplingControl(Control):
 
     def _check(self) -> str | None:
         self.ess, self.rhat, self.rhat_excess = chain_diagnostics(np.asarray(self.kept()))
-        if self.ess >= self.target_ess and self.rhat_excess < MAX_RHAT:
-            return "converged"
-        return None
+        self.converged = bool(self.ess >= self.target_ess and self.rhat_excess < MAX_RHAT)
+        return "converged" if self.converged else None
+
+    def conclude(self, reason: str) -> str:
+        """At the step limit, a last check of the draws so far: a converged fit that
+        ``refine`` continued for fewer steps than the next check stays converged."""
+        if reason == "max_steps" and self.burn_in is not None and len(self.kept()) >= 4:
+            return self._check() or reason
+        return reason
+
+    def burn_in_draws(self) -> list[np.ndarray]:
+        """The last states of burn-in (for a fit that never left it)."""
+        return self.recent
+
+    def apart(self) -> tuple[int, str, float] | None:
+        """A chain whose draws' mean sits apart from the others' (a particle stuck in
+        another mode): ``(particle, coordinate index, distance in within-chain sds)`` of
+        the largest such distance, or ``None``."""
+        kept = np.asarray(self.kept())  # (S, N, D)
+        if kept.ndim != 3 or kept.shape[0] < 4:
+            return None
+        means = kept.mean(axis=0)  # (N, D)
+        within = np.sqrt(np.mean(kept.var(axis=0, ddof=1), axis=0))  # (D,)
+        centre = np.median(means, axis=0)
+        distance = np.abs(means - centre) / np.maximum(within, 1e-300)
+        particle, coordinate = np.unravel_index(int(np.argmax(distance)), distance.shape)
+        if distance[particle, coordinate] < APART:
+            return None
+        return int(particle), int(coordinate), float(distance[particle, coordinate])
 
     def settings(self) -> dict:
         """What the sampling chose and found, for the method group."""
@@ -351,9 +382,9 @@ class SamplingControl(Control):
             return (
                 f"converged: {len(self.kept())} draws per particle after a burn-in of "
                 f"{self.burn_in} steps and {len(self.draws) - len(self.kept())} more; "
-                f"smallest bulk/tail ESS {self.ess:.0f} >= {self.target_ess} and largest "
-                f"R-hat {self.rhat:.3f}, {self.rhat_excess:.3f} times that of as many mixed "
-                f"chains, < {MAX_RHAT}"
+                f"smallest bulk/tail ESS {self.ess:.0f} >= {self.target_ess}, and the "
+                f"largest R-hat, {self.rhat:.3f}, is {self.rhat_excess:.3f} times what as "
+                f"many well-mixed chains show (below the limit of {MAX_RHAT} times)"
             )
         if reason == "stalled":
             return (
@@ -361,12 +392,24 @@ class SamplingControl(Control):
                 f"at step size {self.rate:.2g}"
             )
         if reason == "max_steps" and self.burn_in is None:
-            return "reached the maximum number of steps during burn-in (no draws yet)"
-        if reason == "max_steps":
             return (
-                f"reached the maximum number of steps with {len(self.kept())} draws per "
-                f"particle (smallest ESS {self.ess:.0f}, target {self.target_ess}; R-hat "
-                f"{self.rhat:.3f}, {self.rhat_excess:.3f} times that of as many mixed chains, "
-                f"target {MAX_RHAT})"
+                "reached the maximum number of steps during burn-in: the draws are the "
+                f"last {len(self.recent)} states of burn-in"
             )
+        if reason == "max_steps":
+            text = (
+                f"reached the maximum number of steps with {len(self.kept())} draws per "
+                f"particle: smallest ESS {self.ess:.0f} (needs {self.target_ess}), largest "
+                f"R-hat {self.rhat:.3f}, which is {self.rhat_excess:.3f} times what as many "
+                f"well-mixed chains show (needs below {MAX_RHAT} times)"
+            )
+            apart = self.apart()
+            if apart is not None:
+                particle, coordinate, distance = apart
+                text += (
+                    f"; particle {particle} sits apart from the others (its mean of "
+                    f"coordinate {coordinate} is {distance:.0f} within-chain sds from theirs): "
+                    "the posterior has several modes, which the chains do not cross"
+                )
+            return text
         return super().describe(reason)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pymc as pm
 import xarray as xr
@@ -13,10 +15,14 @@ from pymc_gpf.datatree import build_datatree
 from pymc_gpf.engine import FlowInference
 from pymc_gpf.ensemble import flow, step
 from pymc_gpf.ensemble.config import EnsembleConfig
-from pymc_gpf.ensemble.control import SamplingControl
+from pymc_gpf.ensemble.control import RIDGE, SamplingControl
+from pymc_gpf.errors import FitWarning
+from pymc_gpf.gaussian import GaussianQ
+from pymc_gpf.gf.method import GF
 from pymc_gpf.options import FitOptions
 from pymc_gpf.start import initial_centre
 from pymc_gpf.stepgraph import StepGraph, dynamic_rows, share, standard_normal, updates
+from pymc_gpf.verdict import FAMILY_LIMITED, NOT_CONVERGED, TRUSTWORTHY, Verdict
 
 __all__ = ["Ensemble", "EnsembleApproximation"]
 
@@ -35,16 +41,60 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
     @property
     def draws(self) -> np.ndarray:
         """``(N, S, D)``: every particle's draws after burn-in, the second half of those
-        collected (deep: ``(1, N, D)``, the particles as the draws of one chain)."""
+        collected (deep: ``(1, N, D)``, the particles as the draws of one chain). A fit that
+        never left burn-in has the last states of burn-in instead (:attr:`burn_in_only`),
+        or before any step the particles themselves."""
         control = self.inference.control
         if self.inference.config.kind == "deep" or control is None:
             return self.particles[None, :, :]  # one chain: the mixture of point masses
-        kept = control.kept()
-        if not kept:
-            raise ValueError(
-                "No draws yet: the ensemble is still burning in. Continue with approx.refine(n)."
-            )
+        kept = control.kept() or control.burn_in_draws() or [self.particles]
         return np.stack(kept, axis=1)
+
+    @property
+    def burn_in_only(self) -> bool:
+        """Whether :attr:`draws` are burn-in states (the fit never finished burn-in)."""
+        control = self.inference.control
+        kind = self.inference.config.kind
+        return kind != "deep" and control is not None and not control.kept()
+
+    def check_fit(self, rng: np.random.Generator, max_draws: int) -> Verdict:
+        """The verdict on a converged ensemble: its chains' diagnostics (a deep ensemble's
+        particles are modes, not draws: family-limited)."""
+        control = self.inference.control
+        if self.inference.config.kind == "deep":
+            return Verdict(
+                FAMILY_LIMITED,
+                "a deep ensemble's particles are modes of the posterior (independent "
+                "gradient ascents), not draws from it: their spread is not the posterior's",
+                "Use kind='langevin' (the default) for posterior draws",
+            )
+        numbers = {
+            "ess": control.ess,
+            "rhat": control.rhat,
+            "rhat_excess": control.rhat_excess,
+            "draws_per_chain": len(control.kept()),
+        }
+        apart = control.apart()
+        if apart is not None:
+            particle, coordinate, distance = apart
+            return Verdict(
+                NOT_CONVERGED,
+                f"particle {particle} sits apart from the others (its mean of coordinate "
+                f"{coordinate} is {distance:.0f} within-chain sds from theirs): the posterior "
+                "has several modes, which the chains do not cross, so their shares of the "
+                "draws are not the modes' masses",
+                "Reparameterise to remove the minor modes, or use NUTS (pm.sample) with many "
+                "chains and compare them",
+                numbers,
+            )
+        return Verdict(
+            TRUSTWORTHY,
+            f"the {len(self.particles)} chains' draws pass the convergence test (smallest "
+            f"ESS {control.ess:.0f} >= {control.target_ess}; largest R-hat {control.rhat:.3f},"
+            f" {control.rhat_excess:.3f} times what as many well-mixed chains show)",
+            "",
+            numbers,
+        )
 
     def draw(self, draws: int, rng: np.random.Generator) -> np.ndarray:
         """``draws`` points resampled from the collected draws, pooled over particles."""
@@ -72,6 +122,14 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
             options = self.inference.fit_options
             include_transformed = bool(options and options.include_transformed)
         n, s, d = flat.shape
+        if self.burn_in_only:
+            warnings.warn(
+                "The ensemble never finished burn-in: these draws are its last states of "
+                "burn-in, not posterior draws (the DataTree's ensemble group says "
+                "burn_in_only). Continue the fit with approx.refine(n).",
+                FitWarning,
+                stacklevel=2,
+            )
         values = self.constrained(flat.reshape(n * s, d), include_transformed)
         values = {k: v.reshape(n, s, *v.shape[1:]) for k, v in values.items()}
         if not return_inferencedata:
@@ -109,7 +167,8 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
         return ds
 
     def _method_group(self) -> xr.Dataset:
-        return self._points_dataset(self.particles, "particle", self.inference.settings())
+        settings = self.inference.settings() | {"burn_in_only": self.burn_in_only}
+        return self._points_dataset(self.particles, "particle", settings)
 
 
 class Ensemble(FlowInference):
@@ -141,8 +200,12 @@ class Ensemble(FlowInference):
         The RBF kernel's ``h`` in ``exp(-|x - y|^2 / (2 h))``: ``"median"`` (default, the
         median heuristic recomputed every step) or a positive number.
     init, init_scale
-        The particles start at ``init`` (``"initial_point"`` or ``"map"``) plus
-        ``init_scale`` times standard normal noise (default 1).
+        Where the particles start. ``"auto"`` (default): the Langevin kinds at draws of a
+        Gaussian fit with twice its sds (``"gaussian"``: GF at its defaults, whose
+        covariance also preconditions the chains from the first step), the deep kind at
+        ``"initial_point"``;
+        ``"initial_point"`` or ``"map"`` put them at that point plus ``init_scale`` times
+        standard normal noise (default 1).
     thin, target_ess
         Keep every ``thin``-th state as a draw; the Langevin kinds stop once the draws'
         smallest bulk and tail ESS reach ``target_ess`` (default 400) with R-hat within
@@ -182,7 +245,7 @@ class Ensemble(FlowInference):
         temperature: float = 1.0,
         repulsion: float = 1.0,
         bandwidth: float | str = "median",
-        init: str = "initial_point",
+        init: str = "auto",
         init_scale: float = 1.0,
         thin: int = 1,
         target_ess: int = 400,
@@ -200,7 +263,19 @@ class Ensemble(FlowInference):
 
     def _initialise(self) -> EnsembleApproximation:
         config, target = self.config, self.target
-        centre = initial_centre(target, self._start, config.init, self._init_rng)
+        self.start_fit: dict = {}
+        if config.resolved_init == "gaussian":
+            q, self.start_fit = gaussian_start(target.model, self._start, self._init_rng)
+            if q is not None:
+                # overdispersed starts (Gelman & Rubin): chains that begin in other modes
+                # stay there and show in R-hat, rather than all starting in q's
+                spread = q.sample(config.n_particles, self._init_rng) - q.mean
+                particles = (q.mean + OVERDISPERSION * spread).astype(target.dtype)
+                approx = EnsembleApproximation(self, particles)
+                approx.preconditioner(start_preconditioner(q, config.n_particles))
+                return approx
+        init = "initial_point" if config.resolved_init == "gaussian" else config.resolved_init
+        centre = initial_centre(target, self._start, init, self._init_rng)
         noise = self._init_rng.standard_normal((config.n_particles, target.ndim))
         return EnsembleApproximation(
             self, (centre + config.init_scale * noise).astype(target.dtype)
@@ -230,8 +305,10 @@ class Ensemble(FlowInference):
         if self.config.kind == "deep":
             return Deterministic(options.tol if options.tol is not None else 0.03)
         auto = options.auto
-        # before the first curvature: a step a tenth of the initial spread's variance
-        rate = 0.1 * self.config.init_scale**2 if auto else options.learning_rate[0]
+        # before the first curvature: a step a tenth of the initial spread's variance (in
+        # the metric of a Gaussian fit's covariance, a tenth)
+        spread = 1.0 if self.start_fit.get("converged") else self.config.init_scale**2
+        rate = 0.1 * spread if auto else options.learning_rate[0]
         return SamplingControl(
             options.tol,
             particles=lambda: (
@@ -262,9 +339,61 @@ class Ensemble(FlowInference):
 
     def _fitted_settings(self) -> dict:
         out = {"lambda1": self.config.repulsion_used, "lambda2": self.config.temperature_used}
+        out |= {f"start_{key}": value for key, value in self.start_fit.items()}
         if isinstance(self.control, SamplingControl):
             out |= self.control.settings()
         return out
+
+
+OVERDISPERSION = 2.0  # the chains start at draws of q with twice its sds
+
+
+def gaussian_start(model, start, rng: np.random.Generator) -> tuple[GaussianQ | None, dict]:
+    """A Gaussian fit (GF at its defaults, no verdict) to start the chains from and to
+    precondition them by: ``(q, what the fit did)``, ``q`` ``None`` if it failed. Near the
+    posterior from the first step, the chains' burn-in is short even where the model's
+    scales differ by orders of magnitude (unscaled predictors)."""
+    gf = GF(model=model, random_seed=int(rng.integers(2**31)), start=start)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FitWarning)
+            approx = gf.fit(progressbar=False, check_draws=0)
+    except (FloatingPointError, ValueError) as err:
+        return None, {"fit": "gf", "error": str(err)[:200]}
+    q = approx.gaussian()
+    info = {
+        "fit": "gf",
+        "converged": bool(approx.outcome.converged),
+        "steps": len(approx.hist),
+        "gradient_evaluations": int(gf.gradient_evaluations),
+    }
+    if not (np.all(np.isfinite(q.mean)) and np.all(np.isfinite(q.marginal_variances()))):
+        return None, info | {"error": "not finite"}
+    return q, info
+
+
+def start_preconditioner(q: GaussianQ, n_particles: int) -> tuple[np.ndarray, np.ndarray]:
+    """``M = diag(d) + F^T F`` equal to q's covariance (its top ``N`` directions plus the
+    rest of each coordinate's variance on the diagonal when ``F`` has ``N`` rows,
+    :func:`~pymc_gpf.ensemble.flow.factor_rows`)."""
+    d = q.ndim
+    factor = np.zeros((d, d))
+    for block, f in zip(q.blocks, q.factors, strict=True):
+        factor[np.ix_(block, block)] = np.diag(f) if f.ndim == 1 else _square(f)
+    u, s, _ = np.linalg.svd(factor, full_matrices=False)  # cov = u s^2 u^T
+    variances = q.marginal_variances()
+    rows = flow.factor_rows(n_particles, d)
+    top = (u[:, :rows] * s[:rows]).T  # (rows, D)
+    rest = np.maximum(variances - np.sum(top**2, axis=0), 0.0)
+    diagonal = np.maximum(rest, RIDGE * variances) + np.finfo(float).tiny ** 0.5
+    if rows < d:
+        return diagonal, top
+    return diagonal, np.pad(top, ((0, d - top.shape[0]), (0, 0)))
+
+
+def _square(f: np.ndarray) -> np.ndarray:
+    """A square factor with ``f f^T`` (``f`` has at most as many columns as rows)."""
+    return np.pad(f, ((0, 0), (0, f.shape[0] - f.shape[1])))
 
 
 def _noise(rng, shape: tuple[int, int], precondition: bool) -> tuple:

@@ -24,6 +24,7 @@ from pymc_gpf.gpf.particles import (
     BIAS_DRAWS,
     ParticleStages,
     biased_message,
+    can_double,
     check_particles,
     restart_cloud,
     start_cloud,
@@ -222,22 +223,64 @@ class GPF(FlowInference):
         return super()._control(options)
 
     def _on_stop(self, reason: str, step_count: int) -> str | None:
-        auto = self.fit_options.auto and self._line_search
-        if not auto or reason not in ("converged", "overfitting"):
+        """Every early stop must leave a converged state (:class:`Deterministic`): restore
+        the best state and test it, grow the cloud while the particles' free energy is
+        biased, restart a stalled cloud once."""
+        if not (self.fit_options.auto and self._line_search):
             return reason
-        # overfitting: a refine re-evaluates the restored particles first
-        self._stages.final_free_energy = self._auto.finish(restore_best=reason == "overfitting")
+        if reason == "overfitting":
+            self._stages.final_free_energy = self._auto.finish(restore_best=True)
+            self.control.verify()
+            return None
+        if reason == "unverified":
+            # the best state is not at the particles' fixed point: more particles, or stop
+            # there unconverged (it is nearer the Gaussian optimum than that fixed point)
+            why = {"decrement_at_best": self.control.last_decrement}
+            return None if self._grow(step_count, why) else "overfitting"
+        if reason == "stalled":
+            if self._stages.stall_restarts:
+                return reason
+            # a fresh cloud of the same Gaussian: a degenerate or unlucky one can stall
+            self._stages.stall_restarts += 1
+            n = len(self.approx.particles)
+            self._auto.restart(restart_cloud(self.approx.particles, n, self._method_rng))
+            self.control.restart()
+            return None
+        if reason != "converged":
+            return reason
+        self._stages.final_free_energy = self._auto.finish(restore_best=False)
         if not self.config.auto_particles:
             return reason
         decision = self._stages.check(self.approx, self._method_rng)
         self.density_evaluations += BIAS_DRAWS
         if decision != "double":
             return reason if decision == "unbiased" else decision
-        n = 2 * len(self.approx.particles)
-        self._auto.restart(restart_cloud(self.approx.particles, n, self._method_rng))
-        self.control.restart()
-        self._stages.restart(step_count, n)
+        self._grow(step_count, {})
         return None
 
+    def _grow(self, step_count: int, why: dict) -> bool:
+        """Restart from the same Gaussian with twice the particles, if the automatic
+        ``n_particles`` may still grow; ``why`` goes into the stage's record (a biased free
+        energy records its gap when checked)."""
+        n = len(self.approx.particles)
+        if not (self.config.auto_particles and can_double(n, self.target.ndim)):
+            return False
+        self._stages.begin(n)
+        self._stages.stages[-1] |= why
+        self._auto.restart(restart_cloud(self.approx.particles, 2 * n, self._method_rng))
+        self.control.restart()
+        self._stages.restart(step_count, 2 * n)
+        return True
+
     def _describe(self, reason: str) -> str:
-        return biased_message(self.stages[-1]) if reason == "biased" else super()._describe(reason)
+        if reason == "biased":
+            return biased_message(self.stages[-1])
+        if reason == "overfitting":
+            n = len(self.approx.particles)
+            more = (
+                f"{n} particles are the cap of the automatic n_particles"
+                if self.config.auto_particles
+                else f"n_particles={n} was given: pass more, or n_particles='auto'"
+            )
+            return f"{super()._describe(reason)} ({more})"
+        return super()._describe(reason)

@@ -164,6 +164,12 @@ class ParticleStages:
 
     stages: list[dict] = field(default_factory=list)
     final_free_energy: float | None = None
+    stall_restarts: int = 0  # fresh clouds drawn after a stall (at most one)
+
+    def begin(self, n: int) -> None:
+        """Record the first stage (``n`` particles from step 0) if nothing has yet."""
+        if not self.stages:
+            self.stages.append({"step": 0, "n_particles": n})
 
     def check(self, approx: FittedApproximation, rng: np.random.Generator) -> str:
         """Compare the final free energy with an independent Monte Carlo ``-ELBO`` of the
@@ -171,8 +177,7 @@ class ParticleStages:
         (restart with twice the particles) or ``"biased"`` (at the cap)."""
         gap, mcse = free_energy_gap(approx, self.final_free_energy, BIAS_DRAWS, rng)
         n = len(approx.particles)
-        if not self.stages:
-            self.stages.append({"step": 0, "n_particles": n})
+        self.begin(n)
         self.stages[-1] |= {"gap": gap, "gap_mcse": mcse}
         if not is_biased(gap, mcse):
             return "unbiased"
@@ -181,13 +186,13 @@ class ParticleStages:
     def checkpoint(self, rng: np.random.Generator) -> dict:
         """JSON-able, with the state of the checks' random stream ``rng``."""
         extra = {"stages": self.stages, "final_free_energy": self.final_free_energy}
-        return extra | {"cloud_rng": rng.bit_generator.state}
+        return extra | {"cloud_rng": rng.bit_generator.state, "stall_restarts": self.stall_restarts}
 
     @classmethod
     def load(cls, extra: dict, rng: np.random.Generator) -> ParticleStages:
         """What :meth:`checkpoint` wrote; restores ``rng``'s state too."""
         rng.bit_generator.state = extra["cloud_rng"]
-        return cls(extra["stages"], extra["final_free_energy"])
+        return cls(extra["stages"], extra["final_free_energy"], extra.get("stall_restarts", 0))
 
     def restart(self, step: int, n_particles: int) -> None:
         self.final_free_energy = None

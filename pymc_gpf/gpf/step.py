@@ -130,7 +130,13 @@ def _validation(search: SearchState, accepted, trial, centred, free_energy, natu
         pt.switch(improved, free_energy, search.best_free_energy),
         since.astype(step.dtype),
     )
-    return new, {"step_size": step, "since_best": since, "validation": validation}
+    info = {
+        "step_size": step,
+        "since_best": since,
+        "validation": validation,
+        "best_validation": new.best_validation,
+    }
+    return new, info
 
 
 def natural_step(
