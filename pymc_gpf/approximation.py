@@ -26,7 +26,9 @@ from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.persistence import save, to_datatree
 from pymc_gpf.verdict import Verdict, importance_check, importance_verdict
 
-LOGP_CHUNK = 256  # points per log-density call: bounds memory for models with much data
+# points per log-density call: as many as keep one call within about 2^22 data terms (large
+# calls are faster; the bound keeps the memory of models with much data small)
+LOGP_TERMS, MIN_CHUNK, MAX_CHUNK = 2**22, 16, 4096
 # the fewest draws of q PSIS resamples from: with fewer, k̂ overstates the tail of a
 # near-Gaussian posterior (pymc_gpf.verdict)
 PSIS_POOL = 16384
@@ -84,7 +86,8 @@ class FlowApproximation:
         one batched call per chunk of points."""
         points = self._check_points(points)
         fn = self._compiled_for("logp", functools.partial(self.target.compile_logp, full_data=True))
-        chunks = [fn(points[i : i + LOGP_CHUNK]) for i in range(0, len(points), LOGP_CHUNK)]
+        size = int(np.clip(LOGP_TERMS // self.target.data_size, MIN_CHUNK, MAX_CHUNK))
+        chunks = [fn(points[i : i + size]) for i in range(0, len(points), size)]
         return np.concatenate(chunks).astype(float)
 
     # ------------------------------------------------------------------ the verdict
@@ -142,7 +145,7 @@ class FlowApproximation:
         random_seed=None,
         return_inferencedata: bool = True,
         include_transformed: bool | None = None,
-        psis: bool = False,
+        psis: bool | None = None,
         regularize: bool | float | None = None,
     ):
         """Draw from the fitted q; an ArviZ DataTree as ``approx.sample`` in PyMC.
@@ -153,10 +156,15 @@ class FlowApproximation:
         ``return_inferencedata=False`` a dict of arrays.
 
         ``psis=True`` returns PSIS-corrected draws instead: ``4 * draws`` draws of q (at
-        least 16 384) are importance-weighted towards the posterior (Pareto-smoothed) and
-        ``draws`` of them resampled by weight; the diagnosis of those draws is stored, and a
-        warning says when k̂ makes them unreliable. ``regularize`` is passed to the diagnosis (needed
-        when q is degenerate).
+        least 16 384; a Gaussian q's plus a quarter as many of q with twice its sds, a
+        defensive mixture) are importance-weighted towards the posterior (Pareto-smoothed)
+        and ``draws`` of them resampled by weight; the diagnosis of those draws is stored, and a
+        warning says when k̂ makes them unreliable. ``regularize`` is passed to the diagnosis
+        (needed when q is degenerate). The default, ``psis=None``, returns them where the
+        fit's verdict found q measurably off and importance sampling reliable
+        (``approx.outcome.checks["psis_default"]``: family-limited with k̂ < 0.6), q's own
+        draws otherwise; ``psis=False`` always gives q's draws. The ``posterior`` group's
+        ``draws_from`` attribute says which ("q" or "psis").
         """
         if not is_integer(draws, 1):
             raise ValueError(f"draws must be a positive integer, got {draws!r}.")
@@ -164,10 +172,14 @@ class FlowApproximation:
             options = self.inference.fit_options
             include_transformed = bool(options and options.include_transformed)
         rng = np.random.default_rng(seed_sequence(random_seed))
+        if psis is None:
+            psis = self.psis_by_default
+            if psis and regularize is None and self.proposal(None, rng)[1] is not None:
+                regularize = True  # a degenerate q: the proper Gaussian around it
         if psis:
             pool = max(4 * int(draws), PSIS_POOL)
             diagnosis = diagnose(self, pool, random_seed=rng, regularize=regularize)
-            flat = diagnosis.resample(int(draws), rng)
+            flat = diagnosis.resample(int(draws), rng, self.log_density)
         else:
             if regularize is not None:
                 raise ValueError("regularize applies to psis=True draws only.")
@@ -175,13 +187,22 @@ class FlowApproximation:
         values = self.constrained(flat, include_transformed)
         if not return_inferencedata:
             return values
-        return build_datatree(
+        tree = build_datatree(
             self.model,
             values,
             fit=self.fit_group(),
             method=self.inference.name,
             method_group=self.method_group(),
         )
+        tree["posterior"].attrs["draws_from"] = "psis" if psis else "q"
+        return tree
+
+    @property
+    def psis_by_default(self) -> bool:
+        """Whether ``sample()`` returns PSIS-corrected draws by default: the verdict found q
+        measurably off the posterior where importance sampling is reliable."""
+        outcome = self.inference.outcome
+        return bool(outcome is not None and outcome.checks.get("psis_default", False))
 
     def save(self, path, draws: int = 0, random_seed=None):
         """Write the fit (state included, so :func:`pymc_gpf.load` can continue it) to a

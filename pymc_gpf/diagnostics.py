@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import warnings
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -38,6 +40,8 @@ from pymc_gpf.protocols import FittedApproximation
 __all__ = ["Diagnosis", "diagnose", "free_energy_gap", "khat_threshold", "smoothed_log_weights"]
 
 KHAT_VERY_BAD = 1.0
+# the defensive component of importance sampling: q with twice its sds, 20 % of the draws
+WIDE_SCALE, WIDE_SHARE = 2.0, 0.2
 # a GPF free energy this many nats (beyond 3 Monte Carlo se) below -ELBO is flagged
 FREE_ENERGY_GAP_TOLERANCE = 0.1
 
@@ -70,6 +74,7 @@ class Diagnosis:
     minibatch: bool = False
     free_energy: float | None = None
     unconverged: str | None = None  # why the fit did not converge, if it did not
+    proposal: Any = field(default=None, repr=False)  # q, as drawn from
 
     @property
     def n_draws(self) -> int:
@@ -178,22 +183,44 @@ class Diagnosis:
         }
         return xr.Dataset(data, attrs=attrs)
 
-    def resample(self, draws: int, rng: np.random.Generator) -> np.ndarray:
+    def resample(
+        self,
+        draws: int,
+        rng: np.random.Generator,
+        log_density: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> np.ndarray:
         """``draws`` points drawn with replacement with probabilities the smoothed weights
-        (sampling-importance-resampling): approximately posterior draws when k̂ is good."""
+        (sampling-importance-resampling): approximately posterior draws when k̂ is good.
+
+        With ``log_density`` (the model's) and a Gaussian q, the pool is a defensive mixture
+        (Hesterberg 1995): q's draws plus :data:`WIDE_SHARE` of the pool from q with
+        :data:`WIDE_SCALE` times its sds, weighted by p over the mixture's density. Where q
+        is too narrow, those weights stay bounded where the wider q covers the posterior."""
         if self.undefined is not None:
             raise ValueError(
                 f"PSIS needs a density for q, but {self.undefined}. Pass regularize=True."
             )
-        if self.pareto_k >= self.threshold:
+        points, log_weights, k = self.points, self.log_weights, self.pareto_k
+        widened = getattr(self.proposal, "widened", None)
+        if log_density is not None and widened is not None:
+            wide = widened(WIDE_SCALE)
+            extra = wide.sample(round(self.n_draws * WIDE_SHARE / (1 - WIDE_SHARE)), rng)
+            points = np.concatenate([self.points, extra])
+            log_p = np.concatenate([self.log_p, log_density(extra)])
+            share = self.n_draws / len(points)
+            log_g = np.logaddexp(
+                np.log(share) + self.proposal.logpdf(points), np.log1p(-share) + wide.logpdf(points)
+            )
+            log_weights, k = smoothed_log_weights(log_p, log_g)
+        if k >= self.threshold:
             warnings.warn(
-                f"Pareto k̂ = {self.pareto_k:.2f} ≥ {self.threshold:.2f}: the PSIS-corrected "
+                f"Pareto k̂ = {k:.2f} ≥ {self.threshold:.2f}: the PSIS-corrected "
                 "draws are not reliable.",
                 UserWarning,
                 stacklevel=3,
             )
-        probabilities = np.exp(self.log_weights - logsumexp(self.log_weights))
-        return self.points[rng.choice(self.n_draws, size=draws, p=probabilities)]
+        probabilities = np.exp(log_weights - logsumexp(log_weights))
+        return points[rng.choice(len(points), size=draws, p=probabilities)]
 
 
 def _khat_verdict(k: float, limit: float) -> str:
@@ -339,6 +366,7 @@ def diagnose(
         minibatch=approx.target.minibatch,
         free_energy=final if final is not None else _final_free_energy(approx.hist),
         unconverged=outcome.message if outcome is not None and outcome.converged is False else None,
+        proposal=q,
     )
     approx.diagnosis = diagnosis
     return diagnosis

@@ -106,6 +106,11 @@ class GaussianQ:
     def with_ridge(self, ridge: float) -> GaussianQ:
         return GaussianQ(self.mean, self.blocks, self.factors, float(ridge))
 
+    def widened(self, factor: float) -> GaussianQ:
+        """The same Gaussian with ``factor`` times its standard deviations."""
+        ridge = None if self.ridge is None else self.ridge * factor**2
+        return GaussianQ(self.mean, self.blocks, tuple(f * factor for f in self.factors), ridge)
+
     # ----------------------------------------------------------------------- draws
     def sample(self, draws: int, rng: np.random.Generator) -> np.ndarray:
         """``(draws, D)``: ``m_b + F_b xi`` per block, ``xi ~ N(0, I_{K_b})`` (eq. 16 for

@@ -515,6 +515,18 @@ class BatchedTarget(_FlatLayout):
         )
 
     @cached_property
+    def data_size(self) -> int:
+        """Observed scalars in the whole data set (what one log-density evaluation reads;
+        ``pm.Minibatch`` data counted in full)."""
+        total = 0
+        for rv in self.model.observed_RVs:
+            try:
+                total += int(np.prod(self.model.rvs_to_values[rv].shape.eval()))
+            except Exception:  # a shape only known when evaluated
+                total += 1
+        return max(int(total / self.minibatch_fraction), 1)
+
+    @cached_property
     def minibatch_fraction(self) -> float:
         """The smallest fraction of its data's rows a ``pm.Minibatch`` reads in one
         evaluation (1 without minibatches)."""

@@ -18,10 +18,12 @@ The importance check draws from q in batches, ``FIRST_DRAWS`` then doubling up t
 ``log p - log q`` have a narrow Gaussian bulk and a long thin upper tail, and with a few
 thousand draws the standard PSIS tail (the largest ``3 sqrt(S)`` ratios) starts on that bulk's
 shoulder and overstates k̂ (a 2-parameter normal model fitted to 1 %: k̂ 1.2 from 4096
-draws, 0.4 from 32 768, the same from the exact Gaussian-VI optimum; ``docs/trust.md``).
+draws, 0.4 from 32 768, the same from the exact Gaussian-VI optimum; the tutorial "When
+to trust a fit").
 
 Any verdict but "trustworthy" warns once with :class:`~pymc_gpf.errors.FitWarning`, naming
-the cause and a remedy.
+the cause and a remedy. A family-limited q with k̂ < :data:`PSIS_DEFAULT_KHAT` is one
+importance sampling can correct: ``approx.sample()`` then returns PSIS-corrected draws.
 """
 
 from __future__ import annotations
@@ -33,9 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from scipy.special import logsumexp
-
-from pymc_gpf.diagnostics import smoothed_log_weights
+from pymc_gpf.diagnostics import WIDE_SCALE, WIDE_SHARE, smoothed_log_weights
 
 __all__ = [
     "FAMILY_LIMITED",
@@ -55,7 +55,10 @@ KHAT_LIMIT = 0.7  # PSIS is reliable below (Vehtari et al. 2024, for S > 2200 dr
 MEAN_TOLERANCE = 0.1  # |mean of q - posterior mean| in posterior sds
 SD_TOLERANCE = 0.1  # |sd of q / posterior sd - 1|
 BOUND_Z = 2.0  # the errors' upper and lower bounds: estimate +- 2 standard errors
-FIRST_DRAWS, MAX_DRAWS = 4096, 16384
+# PSIS-corrected draws by default below this k̂: 0.7 less about twice k̂'s own sd from
+# 16 384 draws (0.05-0.1), so that the true k is below 0.7
+PSIS_DEFAULT_KHAT = 0.6
+FIRST_DRAWS, MAX_DRAWS = 4096, 16384  # draws of q (the defensive ones come on top)
 UNCONVERGED_REMEDIES = {
     "stalled": (
         "Check the model near q (a parameter at the edge of its support, a density that is "
@@ -112,10 +115,12 @@ class ImportanceCheck:
     # over all scalars: the largest upper and lower 2-se bounds of the two errors
     upper: float = 0.0  # max over scalars of (|error| + 2 se) / tolerance
     lower: float = 0.0  # max over scalars of (|error| - 2 se) / tolerance
+    mixture_k: float = float("nan")  # k̂ of the weights the errors use (defensive mixture)
 
     @property
     def reliable(self) -> bool:
-        return bool(self.pareto_k < KHAT_LIMIT)
+        """Importance sampling with q, and the errors' weights, are reliable."""
+        return bool(self.pareto_k < KHAT_LIMIT and not self.mixture_k >= KHAT_LIMIT)
 
     @property
     def accurate(self) -> bool:
@@ -139,40 +144,37 @@ class ImportanceCheck:
             "max_sd_error_at": self.worst_sd,
             "elbo": self.elbo,
             "elbo_mcse": self.elbo_mcse,
+            "mixture_pareto_k": self.mixture_k,
         }
 
 
 class _PowerSums:
-    """Per column of ``f = (x - shift) / scale``: ``Σ_s c_s f_s^k`` for the weights
-    ``c = (1, u, u²)`` and ``k = 0..4``, ``u_s = S w_s`` the draws' importance weights
-    scaled to average 1. Every moment the check needs (q's plain and the IS-weighted means
-    and variances, and the variances of their differences) is a combination of these, so
-    draws are streamed through in batches and never all kept."""
+    """Per column of ``f = (x - shift) / scale``: ``Σ_s c_s f_s^k`` for ``k = 0..4`` and the
+    weights ``c`` of :data:`WEIGHTS` built from ``u`` (importance weights scaled to average
+    1) and ``v`` (q's own draws' weights, also averaging 1). Every moment the check needs
+    is a combination of these, so draws are streamed through in batches, never all kept."""
+
+    WEIGHTS = ("v", "u", "uu", "uv", "vv")
 
     def __init__(self, shift: np.ndarray, scale: np.ndarray):
         self.shift, self.scale = shift, scale
-        self.sums = np.zeros((3, 5, len(shift)))
+        self.sums = np.zeros((len(self.WEIGHTS), 5, len(shift)))
+        self.n = 0
 
-    def add(self, columns: np.ndarray, u: np.ndarray) -> None:
+    def add(self, columns: np.ndarray, u: np.ndarray, v: np.ndarray) -> None:
         f = (columns - self.shift) / self.scale
+        weights = np.stack([v, u, u * u, u * v, v * v])
         power = np.ones_like(f)
         for k in range(5):
-            for i, c in enumerate((np.ones_like(u), u, u * u)):
-                self.sums[i, k] += c @ power
+            self.sums[:, k] += weights @ power
             power = power * f
+        self.n += len(f)
 
-    def normalised(self) -> tuple[np.ndarray, float]:
-        """The sums with ``u`` rescaled to average 1 over the rows added (some may have
-        been left out), and their number."""
-        n = float(self.sums[0, 0, 0])
-        r = n / self.sums[1, 0, 0] if self.sums[1, 0, 0] > 0 else 1.0
-        self.sums = self.sums * np.array([1.0, r, r * r])[:, None, None]
-        return self.sums, n
-
-    def poly(self, weight: int, coefficients: list[np.ndarray]) -> np.ndarray:
+    def poly(self, weight: str, coefficients: list[np.ndarray]) -> np.ndarray:
         """``Σ_s c_s P(f_s)`` for the polynomial ``P`` (coefficients by degree, per
-        column) and the weight ``c`` number ``weight`` (0: 1, 1: u, 2: u²)."""
-        return sum(a * self.sums[weight, k] for k, a in enumerate(coefficients))
+        column) and the weight ``c`` named ``weight``."""
+        i = self.WEIGHTS.index(weight)
+        return sum(a * self.sums[i, k] for k, a in enumerate(coefficients))
 
 
 def _times(a: list, b: list) -> list:
@@ -187,40 +189,38 @@ def _times(a: list, b: list) -> list:
 def _moments(sums: _PowerSums, own: _PowerSums | None) -> dict[str, np.ndarray]:
     """Means, variances and the standard errors of (q's - IS) differences, in the scaled
     units of ``sums`` (self-normalised IS, delta method:
-    ``Var(Δ) ≈ (1/S²) Σ_s [u_s (f_s - μ_IS) - (f_s - μ_q)]²``, likewise for the variance
-    with ``(f - μ)² - v``). With ``own`` (a degenerate q) q's moments come from its own,
+    ``Var(Δ) ≈ (1/S²) Σ_s [u_s (f_s - μ_IS) - v_s (f_s - μ_q)]²``, likewise for the variance
+    with ``(f - μ)² - var``). With ``own`` (a degenerate q) q's moments come from its own,
     independent draws."""
-    m, n = sums.normalised()
-    mean_is = m[1, 1] / n
-    var_is = np.maximum(m[1, 2] / n - mean_is**2, 0.0)
-    centred_is = [mean_is**2 - var_is, -2.0 * mean_is, 1.0]  # (f - μ)² - v
+    n = sums.n
+    mean_is = sums.poly("u", [0.0, 1.0]) / n
+    var_is = np.maximum(sums.poly("u", [0.0, 0.0, 1.0]) / n - mean_is**2, 0.0)
+    centred_is = [mean_is**2 - var_is, -2.0 * mean_is, 1.0]  # (f - μ)² - var
+    shifted_is = [-mean_is, 1.0]  # f - μ
     if own is None:
-        mean_q = m[0, 1] / n
-        var_q = np.maximum(m[0, 2] / n - mean_q**2, 0.0)
-        # Σ [u (f - μ_IS) - (f - μ_q)]² = Σ (u f - u μ_IS - f + μ_q)²
-        u_part = [-mean_is, 1.0]
-        q_part = [-mean_q, 1.0]
-        mean_se2 = (
-            sums.poly(2, _times(u_part, u_part))
-            - 2.0 * sums.poly(1, _times(u_part, q_part))
-            + sums.poly(0, _times(q_part, q_part))
-        ) / n**2
-        centred_q = [mean_q**2 - var_q, -2.0 * mean_q, 1.0]
-        var_se2 = (
-            sums.poly(2, _times(centred_is, centred_is))
-            - 2.0 * sums.poly(1, _times(centred_is, centred_q))
-            + sums.poly(0, _times(centred_q, centred_q))
-        ) / n**2
+        mean_q = sums.poly("v", [0.0, 1.0]) / n
+        var_q = np.maximum(sums.poly("v", [0.0, 0.0, 1.0]) / n - mean_q**2, 0.0)
+        centred_q, shifted_q = [mean_q**2 - var_q, -2.0 * mean_q, 1.0], [-mean_q, 1.0]
+
+        def difference(a: list, b: list) -> np.ndarray:
+            return (
+                sums.poly("uu", _times(a, a))
+                - 2.0 * sums.poly("uv", _times(a, b))
+                + sums.poly("vv", _times(b, b))
+            ) / n**2
+
+        mean_se2 = difference(shifted_is, shifted_q)
+        var_se2 = difference(centred_is, centred_q)
     else:
-        k = own.sums[0, 0]
-        mean_q = own.sums[0, 1] / k
-        var_q = np.maximum(own.sums[0, 2] / k - mean_q**2, 0.0)
+        k = own.n
+        mean_q = own.poly("v", [0.0, 1.0]) / k
+        var_q = np.maximum(own.poly("v", [0.0, 0.0, 1.0]) / k - mean_q**2, 0.0)
         centred_q = [mean_q**2 - var_q, -2.0 * mean_q, 1.0]
-        own_mean_se2 = var_q / k
-        own_var_se2 = own.poly(0, _times(centred_q, centred_q)) / k**2
-        is_mean_se2 = sums.poly(2, _times([-mean_is, 1.0], [-mean_is, 1.0])) / n**2
-        is_var_se2 = sums.poly(2, _times(centred_is, centred_is)) / n**2
-        mean_se2, var_se2 = own_mean_se2 + is_mean_se2, own_var_se2 + is_var_se2
+        mean_se2 = var_q / k + sums.poly("uu", _times(shifted_is, shifted_is)) / n**2
+        var_se2 = (
+            own.poly("v", _times(centred_q, centred_q)) / k**2
+            + sums.poly("uu", _times(centred_is, centred_is)) / n**2
+        )
     return {
         "mean_q": mean_q,
         "mean_is": mean_is,
@@ -233,11 +233,19 @@ def _moments(sums: _PowerSums, own: _PowerSums | None) -> dict[str, np.ndarray]:
 
 @dataclass
 class _Batch:
-    """A batch of draws, kept as the generator states that reproduce it."""
+    """A batch of draws (``size`` of q, then ``wide`` of the defensive component), kept as
+    the generator states that reproduce it."""
 
     size: int
+    wide: int
     state: dict
     own_state: dict | None
+
+
+def defensive(q):
+    """q with :data:`WIDE_SCALE` times its sds, or ``None`` where q is no Gaussian."""
+    widened = getattr(q, "widened", None)
+    return widened(WIDE_SCALE) if widened is not None else None
 
 
 def importance_check(
@@ -251,39 +259,50 @@ def importance_check(
 
     ``approx.check_proposal(rng)`` gives what to draw from (q, or for a degenerate q a proper
     Gaussian around it) and, for a degenerate q, q itself to read its moments from. Draws are
-    added (``first_draws``, then doubling up to ``max_draws``) while k̂ is at least 0.5 or
-    the errors' bounds straddle the tolerances. The errors compare q's plain and
-    PSIS-weighted moments of every scalar of the constrained free variables. Only the log
-    ratios are kept; the draws are regenerated from their generators' states to map them
+    added (``first_draws`` of q, then doubling up to ``max_draws``) while k̂ is at least 0.5
+    or the errors' bounds straddle the tolerances. k̂ is that of q's draws. The errors
+    compare q's moments with importance-weighted ones of every scalar of the constrained
+    free variables; those weights are p / g for the defensive mixture g of q and q widened
+    (:data:`WIDE_SHARE` of the draws, Hesterberg 1995), so that a q too narrow for the
+    posterior still gets bounded weights where the widened q covers it. Only the log
+    densities are kept; the draws are regenerated from their generators' states to map them
     to the constrained space (memory ``O(S + D)``, not ``O(S D)``)."""
     proposal, own = approx.check_proposal(rng)
+    wide = defensive(proposal)
     draw_rng, own_rng = rng.spawn(2)
     names = [rv.name for rv in approx.model.free_RVs]
-    log_p, log_q, batches = [], [], []
+    log_p, log_q, log_wide, batches = [], [], [], []
     total, size = 0, min(first_draws, max_draws)
     while True:
-        batches.append(
-            _Batch(size, draw_rng.bit_generator.state, own_rng.bit_generator.state if own else None)
-        )
+        extra = 0 if wide is None else round(size * WIDE_SHARE / (1.0 - WIDE_SHARE))
+        own_state = own_rng.bit_generator.state if own is not None else None
+        batches.append(_Batch(size, extra, draw_rng.bit_generator.state, own_state))
         new = proposal.sample(size, draw_rng)
+        if extra:
+            new = np.concatenate([new, wide.sample(extra, draw_rng)])
         if own is not None:
             own.sample(size, own_rng)  # advance: the summary regenerates these
         log_q.append(proposal.logpdf(new))
+        log_wide.append(wide.logpdf(new) if wide is not None else log_q[-1])
         log_p.append(approx.log_density(new))
         total += size
         check = _summarise(
-            approx, proposal, own, names, batches, np.concatenate(log_p), np.concatenate(log_q)
-        )
+            approx, (proposal, wide, own), names, batches,
+            *(np.concatenate(x) for x in (log_p, log_q, log_wide)),
+        )  # fmt: skip
         clear = check.pareto_k < 0.5 and (check.accurate or check.inaccurate)
         if clear or total >= max_draws:
             return check
         size = min(total, max_draws - total)
 
 
-def _regenerate(q, size: int, state: dict) -> np.ndarray:
+def _regenerate(proposal, wide, batch: _Batch) -> np.ndarray:
     rng = np.random.default_rng()
-    rng.bit_generator.state = state
-    return q.sample(size, rng)
+    rng.bit_generator.state = batch.state
+    points = proposal.sample(batch.size, rng)
+    if batch.wide:
+        points = np.concatenate([points, wide.sample(batch.wide, rng)])
+    return points
 
 
 def _constrained_columns(
@@ -306,36 +325,41 @@ def _constrained_columns(
     return np.concatenate(parts).astype(float), labels
 
 
-def _summarise(approx, proposal, own, names, batches, log_p, log_q) -> ImportanceCheck:
-    if not np.isfinite(log_p - log_q).any():  # q has no mass where log p is finite
+def _summarise(approx, proposals, names, batches, log_p, log_q, log_wide) -> ImportanceCheck:
+    proposal, wide, own = proposals
+    from_q = np.concatenate([np.arange(b.size + b.wide) < b.size for b in batches])
+    if not np.isfinite(log_p - log_q)[from_q].any():  # no mass of q where log p is finite
         inf = float("inf")
-        return ImportanceCheck(len(log_p), inf, inf, 0.0, "", inf, 0.0, "", -inf, 0.0, inf, inf)
-    log_weights, k = smoothed_log_weights(log_p, log_q)
-    weights = np.exp(log_weights - logsumexp(log_weights))
-    n = len(weights)
-    u = n * weights
+        return ImportanceCheck(
+            len(log_p), inf, inf, 0.0, "", inf, 0.0, "", -inf, 0.0, inf, inf, inf
+        )
+    k = smoothed_log_weights(log_p[from_q], log_q[from_q])[1]
+    share = from_q.mean()
+    log_mixture = np.logaddexp(np.log(share) + log_q, np.log1p(-share) + log_wide)
+    log_weights, k_mixture = smoothed_log_weights(log_p, log_mixture)
     sums = own_sums = None
     labels: list[str] = []
     offset = 0
     for batch in batches:
-        points = _regenerate(proposal, batch.size, batch.state)
-        columns, labels = _constrained_columns(approx, points, names)
+        rows = slice(offset, offset + batch.size + batch.wide)
+        offset = rows.stop
+        columns, labels = _constrained_columns(approx, _regenerate(proposal, wide, batch), names)
         finite = np.all(np.isfinite(columns), axis=1)
-        columns = columns[finite]
         if sums is None:
-            shift = columns.mean(axis=0) if len(columns) else np.zeros(len(labels))
-            scale = columns.std(axis=0) if len(columns) > 1 else np.ones_like(shift)
-            scale = np.where(scale > 0, scale, 1.0)
-            sums = _PowerSums(shift, scale)
-            own_sums = _PowerSums(shift, scale) if own is not None else None
-        sums.add(columns, u[offset : offset + batch.size][finite])
+            kept = columns[finite]
+            shift = kept.mean(axis=0) if len(kept) else np.zeros(len(labels))
+            scale = kept.std(axis=0) if len(kept) > 1 else np.ones_like(shift)
+            sums = _PowerSums(shift, np.where(scale > 0, scale, 1.0))
+            own_sums = _PowerSums(shift, sums.scale) if own is not None else None
+        weight = np.exp(log_weights[rows] - np.max(log_weights))
+        sums.add(columns[finite], weight[finite], from_q[rows][finite].astype(float))
         if own is not None:
-            own_columns = _constrained_columns(
-                approx, _regenerate(own, batch.size, batch.own_state), names
-            )[0]
-            own_finite = np.all(np.isfinite(own_columns), axis=1)
-            own_sums.add(own_columns[own_finite], np.ones(own_finite.sum()))
-        offset += batch.size
+            rng = np.random.default_rng()
+            rng.bit_generator.state = batch.own_state
+            own_columns = _constrained_columns(approx, own.sample(batch.size, rng), names)[0]
+            own_finite = own_columns[np.all(np.isfinite(own_columns), axis=1)]
+            own_sums.add(own_finite, np.ones(len(own_finite)), np.ones(len(own_finite)))
+    _normalise(sums)
     moments = _moments(sums, own_sums)
     sd_is = np.sqrt(np.maximum(moments["var_is"], 1e-300))
     mean_error = np.abs(moments["mean_q"] - moments["mean_is"]) / sd_is
@@ -353,10 +377,10 @@ def _summarise(approx, proposal, own, names, batches, log_p, log_q) -> Importanc
         (sd_error - BOUND_Z * sd_error_se) / SD_TOLERANCE,
     )
     i, j = int(np.argmax(mean_error)), int(np.argmax(sd_error))
-    ratios = log_p - log_q
+    ratios = (log_p - log_q)[from_q]
     usable = np.isfinite(ratios)
     return ImportanceCheck(
-        draws=n,
+        draws=len(log_p),
         pareto_k=float(k),
         mean_error=float(mean_error[i]),
         mean_error_se=float(mean_error_se[i]),
@@ -370,7 +394,17 @@ def _summarise(approx, proposal, own, names, batches, log_p, log_q) -> Importanc
         else float("nan"),
         upper=float(np.max(upper)),
         lower=float(np.max(lower)),
+        mixture_k=float(k_mixture),
     )
+
+
+def _normalise(sums: _PowerSums) -> None:
+    """Rescale ``u`` and ``v`` to average 1 over the rows added."""
+    n = sums.n
+    v_total, u_total = sums.sums[0, 0, 0], sums.sums[1, 0, 0]
+    a = n / u_total if u_total > 0 else 1.0
+    b = n / v_total if v_total > 0 else 1.0
+    sums.sums = sums.sums * np.array([b, a, a * a, a * b, b * b])[:, None, None]
 
 
 def importance_verdict(check: ImportanceCheck, alternative: str, seconds: float) -> Verdict:
@@ -411,11 +445,16 @@ def importance_verdict(check: ImportanceCheck, alternative: str, seconds: float)
             **cost,
         )
     how = "is off" if check.inaccurate else "may be off"
-    remedy = "PSIS-corrected draws remove most of it: approx.sample(draws, psis=True)"
-    if k >= 0.5:  # the tail is heavy enough that PSIS corrects only part of it
+    if k < PSIS_DEFAULT_KHAT:
+        numbers["psis_default"] = True  # sample() returns PSIS-corrected draws
         remedy = (
-            f"PSIS-corrected draws correct part of it (approx.sample(draws, psis=True); "
-            f"k̂ = {k:.2f} is not small); for the whole of it, {alternative[0].lower()}"
+            "approx.sample() therefore returns PSIS-corrected draws, which remove most of it "
+            "(q's own draws: approx.sample(psis=False))"
+        )
+    else:  # k̂ is too near 0.7 for its own noise: the correction may not hold
+        remedy = (
+            f"PSIS-corrected draws (approx.sample(psis=True)) may correct part of it (k̂ = "
+            f"{k:.2f} is near 0.7); for the whole of it, {alternative[0].lower()}"
             f"{alternative[1:]}"
         )
     return Verdict(

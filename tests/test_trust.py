@@ -225,3 +225,41 @@ def test_a_particle_apart_from_the_others_is_named():
     with pytest.warns(pymc_gpf.FitWarning, match="sits apart from the others"):
         approx = pm.fit(3000, method=ens, progressbar=False)
     assert approx.outcome.verdict == NOT_CONVERGED
+
+
+# ----------------------------------------------------- using the verdict: PSIS draws
+def test_family_limited_fits_sample_psis_corrected_draws_by_default():
+    """Eight schools (non-centred; posteriordb's reference, 10 000 Stan draws): GF's q is
+    off by 0.24 sd in a mean and 15 % in an sd, importance sampling is reliable (k̂ < 0.7),
+    so the verdict is family-limited and ``sample()`` returns PSIS-corrected draws, which
+    are within 0.1 sd and 10 % of the reference; q's own draws (``psis=False``) are not."""
+    from pathlib import Path
+
+    from conftest import eight_schools
+
+    table = np.genfromtxt(
+        Path(__file__).parent.parent / "benchmarks" / "data" / "posteriordb"
+        / "eight_schools-eight_schools_noncentered" / "reference_mean_sd.csv",
+        delimiter=",", names=True, dtype=None, encoding="utf-8",
+    )  # fmt: skip
+    ref = {row["parameter"]: (row["mean"], row["sd"]) for row in table}
+    with pytest.warns(pymc_gpf.FitWarning, match="family-limited.*PSIS-corrected draws"):
+        approx = pm.fit(method="gf", model=eight_schools(), random_seed=1, progressbar=False)
+    assert approx.outcome.verdict == FAMILY_LIMITED and approx.psis_by_default
+
+    def errors(posterior):
+        mu, tau = posterior["mu"].values.ravel(), posterior["tau"].values.ravel()
+        theta = mu[:, None] + tau[:, None] * posterior["theta_trans"].values.reshape(-1, 8)
+        columns = {"mu": mu, "tau": tau} | {f"theta[{j + 1}]": theta[:, j] for j in range(8)}
+        eps_mean = [abs(v.mean() - ref[k][0]) / ref[k][1] for k, v in columns.items()]
+        eps_sd = [abs(v.std() / ref[k][1] - 1) for k, v in columns.items()]
+        return max(eps_mean), max(eps_sd)
+
+    corrected = approx.sample(10_000, random_seed=2)
+    assert corrected.posterior.attrs["draws_from"] == "psis"
+    eps_mean, eps_sd = errors(corrected.posterior)
+    assert eps_mean < 0.1 and eps_sd < 0.1
+    plain = approx.sample(10_000, random_seed=2, psis=False)
+    assert plain.posterior.attrs["draws_from"] == "q"
+    eps_mean, eps_sd = errors(plain.posterior)
+    assert eps_mean > 0.1 or eps_sd > 0.1
