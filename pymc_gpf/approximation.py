@@ -97,10 +97,12 @@ class FlowApproximation:
         "(pm.sample)"
     )
 
-    def check_fit(self, rng: np.random.Generator, max_draws: int) -> Verdict:
+    def check_fit(self, rng: np.random.Generator, max_draws: int) -> Verdict | None:
         """The verdict on a fit that converged (or ran untested): importance sampling with
         q as proposal (:func:`pymc_gpf.verdict.importance_check`), at most ``max_draws``
-        draws from ``rng``."""
+        draws from ``rng`` (``0``: no check, no verdict)."""
+        if max_draws == 0:
+            return None
         start = time.perf_counter()
         with np.errstate(all="ignore"):
             check = importance_check(self, rng, max_draws=max_draws)

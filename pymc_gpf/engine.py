@@ -108,6 +108,9 @@ class FlowInference(Inference):
     def _on_stop(self, reason: str, step: int) -> str | None:
         return reason
 
+    def _before_first_fit(self, options: FitOptions) -> None:
+        """The first ``fit`` is about to start (not a continued or loaded one)."""
+
     def _describe(self, reason: str) -> str:
         return self.control.describe(reason)
 
@@ -159,6 +162,8 @@ class FlowInference(Inference):
             raise ValueError(f"n (the number of steps) must be a non-negative integer, got {n!r}.")
         check_fit_keywords(type(self).__name__, keywords)
         self.prepare(parse_fit_options(self.target, self.default_optimizer, **keywords))
+        if self.state is None:
+            self._before_first_fit(self.fit_options)
         done = 0 if self.state is None else self.state.i
         self.state = State(done, step=self.step, callbacks=list(callbacks or []), score=True)
         self._run(int(n), progressbar, progressbar_theme)
@@ -205,13 +210,11 @@ class FlowInference(Inference):
 
     def judge(self) -> Verdict | None:
         """The verdict on the fit as it stands (:mod:`pymc_gpf.verdict`): "not converged"
-        from the outcome alone, else the approximation's own check (``None`` when
-        ``check_draws=0``)."""
+        from the outcome alone, else the approximation's own check (``None`` when it needs
+        importance sampling and ``check_draws=0``)."""
         outcome = self.outcome
         if outcome.converged is False:
             return Verdict(NOT_CONVERGED, outcome.message, self._remedy(outcome.reason))
-        if self.fit_options.check_draws == 0:
-            return None
         entropy, key = self._check_root
         seed = np.random.SeedSequence(entropy, spawn_key=(*key, CHECK_STREAM, len(self.hist)))
         return self.approx.check_fit(np.random.default_rng(seed), self.fit_options.check_draws)

@@ -36,6 +36,7 @@ from pytensor.graph.replace import clone_replace, graph_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.random.type import RandomGeneratorType
+from pytensor.tensor.shape import SpecifyShape
 from pytensor.tensor.type import discrete_dtypes
 
 from pymc_gpf.errors import InitialPointError, ModelNotSupportedError
@@ -305,6 +306,15 @@ def _full_data_logp(
     full = model_from_fgraph(full_graph, mutate_fgraph=True)
     values = {v.name: v for v in full.value_vars}
     [logp], flat = join_nonshared_inputs(point, [full.logp()], [values[v.name] for v in value_vars])
+    # a shape check may still state the minibatch's length (pm.Categorical's logp): it only
+    # asserts, so drop it
+    checks = {
+        var: var.owner.inputs[0]
+        for var in ancestors([logp])
+        if var.owner is not None and isinstance(var.owner.op, SpecifyShape)
+    }
+    if checks:
+        [logp] = graph_replace([logp], checks, strict=False)
     return logp, flat
 
 

@@ -67,6 +67,8 @@ UNCONVERGED_REMEDIES = {
     "floor": "Refine with a larger tol, or use method='gpf' (deterministic) on full data",
 }
 CHUNK = 4096  # draws mapped to the constrained space at once
+LARGE_CHECK = 2**24  # at most this many numbers of draws (S D): fewer draws for large D
+CACHE = 2**23  # constrained columns kept between batches up to this many numbers
 
 
 @dataclass(frozen=True)
@@ -271,7 +273,10 @@ def importance_check(
     wide = defensive(proposal)
     draw_rng, own_rng = rng.spawn(2)
     names = [rv.name for rv in approx.model.free_RVs]
+    # a large model: fewer draws (each maps D numbers to the constrained space)
+    max_draws = max(min(first_draws, max_draws), min(max_draws, LARGE_CHECK // approx.target.ndim))
     log_p, log_q, log_wide, batches = [], [], [], []
+    cache: dict[int, tuple] = {}  # constrained columns of each batch, while they are few
     total, size = 0, min(first_draws, max_draws)
     while True:
         extra = 0 if wide is None else round(size * WIDE_SHARE / (1.0 - WIDE_SHARE))
@@ -288,7 +293,7 @@ def importance_check(
         total += size
         check = _summarise(
             approx, (proposal, wide, own), names, batches,
-            *(np.concatenate(x) for x in (log_p, log_q, log_wide)),
+            *(np.concatenate(x) for x in (log_p, log_q, log_wide)), cache,
         )  # fmt: skip
         clear = check.pareto_k < 0.5 and (check.accurate or check.inaccurate)
         if clear or total >= max_draws:
@@ -325,25 +330,44 @@ def _constrained_columns(
     return np.concatenate(parts).astype(float), labels
 
 
-def _summarise(approx, proposals, names, batches, log_p, log_q, log_wide) -> ImportanceCheck:
+def _columns(approx, proposals, names, batch: _Batch, index: int, cache: dict) -> tuple:
+    """The constrained columns and labels of a batch's draws (and of q's own draws), from
+    ``cache`` or regenerated, and kept there while the cache is small."""
+    if index in cache:
+        return cache[index]
     proposal, wide, own = proposals
+    columns, labels = _constrained_columns(approx, _regenerate(proposal, wide, batch), names)
+    own_columns = None
+    if own is not None:
+        rng = np.random.default_rng()
+        rng.bit_generator.state = batch.own_state
+        own_columns = _constrained_columns(approx, own.sample(batch.size, rng), names)[0]
+    out = (columns, labels, own_columns)
+    if sum(c[0].size for c in cache.values()) + columns.size <= CACHE:
+        cache[index] = out
+    return out
+
+
+def _summarise(approx, proposals, names, batches, log_p, log_q, log_wide, cache) -> ImportanceCheck:
+    own = proposals[2]
     from_q = np.concatenate([np.arange(b.size + b.wide) < b.size for b in batches])
     if not np.isfinite(log_p - log_q)[from_q].any():  # no mass of q where log p is finite
         inf = float("inf")
         return ImportanceCheck(
             len(log_p), inf, inf, 0.0, "", inf, 0.0, "", -inf, 0.0, inf, inf, inf
         )
-    k = smoothed_log_weights(log_p[from_q], log_q[from_q])[1]
+    k = _khat(smoothed_log_weights(log_p[from_q], log_q[from_q])[1])
     share = from_q.mean()
     log_mixture = np.logaddexp(np.log(share) + log_q, np.log1p(-share) + log_wide)
     log_weights, k_mixture = smoothed_log_weights(log_p, log_mixture)
+    k_mixture = _khat(k_mixture)
     sums = own_sums = None
     labels: list[str] = []
     offset = 0
-    for batch in batches:
+    for index, batch in enumerate(batches):
         rows = slice(offset, offset + batch.size + batch.wide)
         offset = rows.stop
-        columns, labels = _constrained_columns(approx, _regenerate(proposal, wide, batch), names)
+        columns, labels, own_columns = _columns(approx, proposals, names, batch, index, cache)
         finite = np.all(np.isfinite(columns), axis=1)
         if sums is None:
             kept = columns[finite]
@@ -354,9 +378,6 @@ def _summarise(approx, proposals, names, batches, log_p, log_q, log_wide) -> Imp
         weight = np.exp(log_weights[rows] - np.max(log_weights))
         sums.add(columns[finite], weight[finite], from_q[rows][finite].astype(float))
         if own is not None:
-            rng = np.random.default_rng()
-            rng.bit_generator.state = batch.own_state
-            own_columns = _constrained_columns(approx, own.sample(batch.size, rng), names)[0]
             own_finite = own_columns[np.all(np.isfinite(own_columns), axis=1)]
             own_sums.add(own_finite, np.ones(len(own_finite)), np.ones(len(own_finite)))
     _normalise(sums)
@@ -396,6 +417,12 @@ def _summarise(approx, proposals, names, batches, log_p, log_q, log_wide) -> Imp
         lower=float(np.max(lower)),
         mixture_k=float(k_mixture),
     )
+
+
+def _khat(k: float) -> float:
+    """k̂, with the generalised Pareto fit's failure (a tail of equal values: one draw
+    carries all the weight) read as an infinitely heavy tail."""
+    return float("inf") if np.isnan(k) else float(k)
 
 
 def _normalise(sums: _PowerSums) -> None:

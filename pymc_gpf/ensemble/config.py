@@ -59,11 +59,11 @@ class EnsembleConfig(MethodConfig):
 
     @property
     def resolved_init(self) -> str:
-        """``"auto"``: the Langevin kinds start from a Gaussian fit (GF), the deep kind
-        from the initial point (its members' spread is what it keeps)."""
-        if self.init != "auto":
-            return self.init
-        return "initial_point" if self.kind == "deep" else "gaussian"
+        """``"auto"`` is ``"initial_point"``: particles spread around one point reach every
+        mode near it, so that chains stuck in different modes show in R-hat (started at
+        draws of a Gaussian fit, ``"gaussian"``, they burn in faster but all sit in its
+        mode)."""
+        return "initial_point" if self.init == "auto" else self.init
 
     @property
     def temperature_used(self) -> float:

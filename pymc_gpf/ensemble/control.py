@@ -271,6 +271,10 @@ class SamplingControl(Control):
         self.previous: list[float] | None = None
         self.ess = self.rhat = self.rhat_excess = float("nan")
         self.recent: list[np.ndarray] = []  # the last BURN_IN_KEPT states of burn-in
+        # re-estimate the preconditioner from the ensemble during burn-in (not when it
+        # starts as a Gaussian fit's covariance: far from the posterior, the ensemble's
+        # spread is the start's, not the posterior's)
+        self.reestimate = True
         self.converged = False  # the last convergence check passed
         self._set_rate(self.rate)
 
@@ -296,7 +300,7 @@ class SamplingControl(Control):
         particles, drift = self._particles()
         self.recent = [*self.recent[-(BURN_IN_KEPT - 1) :], np.array(particles)]
         window_ends = len(self.values) == self.window
-        if self.adapt and self._preconditioner is not None:
+        if self.adapt and self._preconditioner is not None and self.reestimate:
             self.deviations.append(particles - particles.mean(axis=0))
             if window_ends:
                 self._preconditioner(ensemble_preconditioner(self.deviations))

@@ -200,12 +200,11 @@ class Ensemble(FlowInference):
         The RBF kernel's ``h`` in ``exp(-|x - y|^2 / (2 h))``: ``"median"`` (default, the
         median heuristic recomputed every step) or a positive number.
     init, init_scale
-        Where the particles start. ``"auto"`` (default): the Langevin kinds at draws of a
-        Gaussian fit with twice its sds (``"gaussian"``: GF at its defaults, whose
-        covariance also preconditions the chains from the first step), the deep kind at
-        ``"initial_point"``;
-        ``"initial_point"`` or ``"map"`` put them at that point plus ``init_scale`` times
-        standard normal noise (default 1).
+        Where the particles start: ``"auto"`` (default) or ``"initial_point"``, the model's
+        initial point plus ``init_scale`` times standard normal noise (default 1);
+        ``"map"``, the MAP plus that noise; ``"gaussian"``, draws of a Gaussian fit (GF at
+        its defaults) with twice its sds: a shorter burn-in, but every chain then starts
+        in that fit's mode, so other modes go unseen.
     thin, target_ess
         Keep every ``thin``-th state as a draw; the Langevin kinds stop once the draws'
         smallest bulk and tail ESS reach ``target_ess`` (default 400) with R-hat within
@@ -214,7 +213,9 @@ class Ensemble(FlowInference):
         numbers.
     precondition
         With the automatic step size (the default), precondition the Langevin kinds by the
-        ensemble's own covariance, re-estimated during burn-in and then frozen (default
+        covariance of a Gaussian fit (GF at its defaults, run before the first step; mean
+        field where ``D > 4 N``) or, with ``pm.Minibatch`` data or if that fit fails, by the
+        ensemble's own covariance, re-estimated during burn-in and frozen after it (default
         ``True``); ``False`` runs the paper's plain scheme.
     model, random_seed, start
         As in ``pm.fit``.
@@ -264,8 +265,12 @@ class Ensemble(FlowInference):
     def _initialise(self) -> EnsembleApproximation:
         config, target = self.config, self.target
         self.start_fit: dict = {}
+        self._start_preconditioner = False
         if config.resolved_init == "gaussian":
-            q, self.start_fit = gaussian_start(target.model, self._start, self._init_rng)
+            dense = flow.factor_rows(config.n_particles, target.ndim) == target.ndim
+            q, self.start_fit = gaussian_start(
+                target.model, self._start, self._init_rng, "full" if dense else "diagonal"
+            )
             if q is not None:
                 # overdispersed starts (Gelman & Rubin): chains that begin in other modes
                 # stay there and show in R-hat, rather than all starting in q's
@@ -273,6 +278,7 @@ class Ensemble(FlowInference):
                 particles = (q.mean + OVERDISPERSION * spread).astype(target.dtype)
                 approx = EnsembleApproximation(self, particles)
                 approx.preconditioner(start_preconditioner(q, config.n_particles))
+                self._start_preconditioner = True
                 return approx
         init = "initial_point" if config.resolved_init == "gaussian" else config.resolved_init
         centre = initial_centre(target, self._start, init, self._init_rng)
@@ -307,7 +313,7 @@ class Ensemble(FlowInference):
         auto = options.auto
         # before the first curvature: a step a tenth of the initial spread's variance (in
         # the metric of a Gaussian fit's covariance, a tenth)
-        spread = 1.0 if self.start_fit.get("converged") else self.config.init_scale**2
+        spread = 1.0 if self.config.resolved_init == "gaussian" else self.config.init_scale**2
         rate = 0.1 * spread if auto else options.learning_rate[0]
         return SamplingControl(
             options.tol,
@@ -325,6 +331,25 @@ class Ensemble(FlowInference):
             thin=self.config.thin,
             target_ess=self.config.target_ess,
         )
+
+    def _before_first_fit(self, options: FitOptions) -> None:
+        """The Langevin kinds' preconditioner is a Gaussian fit's covariance: the chains
+        move at the posterior's scale in every direction from the first step, whatever the
+        model's units (on the whole data set; with ``pm.Minibatch`` the ensemble's own
+        covariance, re-estimated during burn-in, as without a fit)."""
+        if self._start_preconditioner and isinstance(self.control, SamplingControl):
+            self.control.reestimate = False  # started from a Gaussian fit's draws
+        if not self._preconditioned(options) or self.start_fit or self.config.kind == "deep":
+            return
+        if self.target.minibatch:  # SGLD: a noisy GF would cost more than it saves
+            return
+        dense = flow.factor_rows(self.config.n_particles, self.target.ndim) == self.target.ndim
+        q, self.start_fit = gaussian_start(
+            self.model, self._start, self._method_rng, structure="full" if dense else "diagonal"
+        )
+        if q is not None:
+            self.approx.preconditioner(start_preconditioner(q, self.config.n_particles))
+            self.control.reestimate = False
 
     def _describe(self, reason: str) -> str:
         if reason == "converged" and self.config.kind == "deep":
@@ -346,23 +371,28 @@ class Ensemble(FlowInference):
 
 
 OVERDISPERSION = 2.0  # the chains start at draws of q with twice its sds
+START_STEPS = 2000  # the most steps of the Gaussian fit (it converges in tens to hundreds)
 
 
-def gaussian_start(model, start, rng: np.random.Generator) -> tuple[GaussianQ | None, dict]:
-    """A Gaussian fit (GF at its defaults, no verdict) to start the chains from and to
-    precondition them by: ``(q, what the fit did)``, ``q`` ``None`` if it failed. Near the
-    posterior from the first step, the chains' burn-in is short even where the model's
-    scales differ by orders of magnitude (unscaled predictors)."""
-    gf = GF(model=model, random_seed=int(rng.integers(2**31)), start=start)
+def gaussian_start(
+    model, start, rng: np.random.Generator, structure: str = "full"
+) -> tuple[GaussianQ | None, dict]:
+    """A Gaussian fit (GF at its defaults, no verdict, at most :data:`START_STEPS` steps) to
+    precondition the chains by (and with ``init="gaussian"`` to start them from): ``(q,
+    what the fit did)``, ``q`` ``None`` if it failed. The chains then move at the
+    posterior's scale in every direction, even where the model's scales differ by orders of
+    magnitude (unscaled predictors). ``structure="diagonal"`` (mean field, ``O(D)`` a draw)
+    where the preconditioner's factor cannot hold a full covariance anyway."""
+    gf = GF(model=model, random_seed=int(rng.integers(2**31)), start=start, structure=structure)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FitWarning)
-            approx = gf.fit(progressbar=False, check_draws=0)
+            approx = gf.fit(START_STEPS, progressbar=False, check_draws=0)
     except (FloatingPointError, ValueError) as err:
         return None, {"fit": "gf", "error": str(err)[:200]}
     q = approx.gaussian()
     info = {
-        "fit": "gf",
+        "fit": "gf" if structure == "full" else f"gf ({structure})",
         "converged": bool(approx.outcome.converged),
         "steps": len(approx.hist),
         "gradient_evaluations": int(gf.gradient_evaluations),
