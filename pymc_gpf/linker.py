@@ -84,6 +84,7 @@ _NUMPY_SCALAR_OPS = (
     ps.GE,
     ps.GT,
     ps.Identity,
+    ps.IntDiv,
     ps.Invert,
     ps.IsInf,
     ps.IsNan,
@@ -124,7 +125,10 @@ def numpy_is_enough(node: Apply) -> bool:
         if isinstance(op.scalar_op, Composite):
             if _vectorisable(op.scalar_op):
                 return True
-            return few and all(s == 1 for out in node.outputs for s in out.type.shape)
+            # one element, through PyTensor's scalar perform: floats only, which hands it
+            # Python ints that NumPy 2 will not mix with the graph's int8 constants
+            floats = all(v.type.dtype.startswith("float") for v in node.inputs + node.outputs)
+            return few and floats and all(s == 1 for out in node.outputs for s in out.type.shape)
         return few and op.nfunc_spec is not None
     if isinstance(op, CAReduce):
         spec = getattr(op.scalar_op, "nfunc_spec", None)

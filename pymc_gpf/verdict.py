@@ -274,7 +274,7 @@ def importance_check(
     draw_rng, own_rng = rng.spawn(2)
     names = [rv.name for rv in approx.model.free_RVs]
     # a large model: fewer draws (each maps D numbers to the constrained space)
-    max_draws = max(min(first_draws, max_draws), min(max_draws, LARGE_CHECK // approx.target.ndim))
+    max_draws = max(min(first_draws, max_draws), min(max_draws, LARGE_CHECK // proposal.ndim))
     log_p, log_q, log_wide, batches = [], [], [], []
     cache: dict[int, tuple] = {}  # constrained columns of each batch, while they are few
     total, size = 0, min(first_draws, max_draws)

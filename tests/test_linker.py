@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytensor
+import pytensor.scalar as ps
 import pytensor.tensor as pt
 
-from pymc_gpf.linker import numpy_is_enough
+from pytensor.compile.mode import Mode
+from pytensor.tensor.elemwise import Elemwise
+
+from pymc_gpf.linker import QuickCVMLinker, numpy_is_enough
 from pymc_gpf.target import QUICK_C, compile_kwargs_for
 
 
@@ -46,3 +50,17 @@ def test_quick_c_leaves_elementwise_nodes_of_more_than_32_operands_to_c():
     fn = pytensor.function(xs, total, **compile_kwargs_for(QUICK_C))
     values = [np.full(3, float(i)) for i in range(40)]
     np.testing.assert_array_equal(fn(*values), np.full(3, float(sum(range(40)))))
+
+
+def test_quick_c_computes_integer_shape_arithmetic_beyond_int8():
+    """The broadcast check PyTensor writes for a 250-row slice (WVGD's step on a GP): int64
+    inputs and an int8 constant in one fused kernel of one element. PyTensor's scalar
+    perform hands it Python ints, which NumPy 2 refuses to mix with int8 above 127."""
+    n, m = pt.lscalar("n"), pt.lscalar("m")
+    i0, i1 = ps.int64("i0"), ps.int64("i1")
+    one, zero = ps.ScalarConstant(ps.int8, np.int8(1)), ps.ScalarConstant(ps.int64, np.int64(0))
+    length = ps.switch(ps.lt(zero, i1), ps.add(one, ps.int_div(ps.sub(i1, one), one)), zero)
+    kernel = ps.Composite([i0, i1], [ps.or_(ps.eq(i0, one), ps.eq(i0, length))])
+    mode = Mode(QuickCVMLinker(use_cloop=True), None)  # the kernel as written, not rewritten
+    fn = pytensor.function([n, m], Elemwise(kernel)(n, m), mode=mode)
+    assert fn(250, 250) and fn(1, 7) and not fn(3, 250)

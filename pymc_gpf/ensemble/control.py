@@ -11,10 +11,11 @@ Plain Python between steps (:class:`SamplingControl`, a :class:`pymc_gpf.control
   whole data set also along each particle's last move, :func:`move_curvature`, which sees
   inside a mode when the particles sit in several). With a
   preconditioner ``M`` the same holds in its metric (``L`` the largest eigenvalue of
-  ``M A``); ``M`` is re-estimated at the end of every window from the ensemble's covariance
-  (:func:`ensemble_preconditioner`), so that a badly scaled or correlated posterior mixes
-  as fast as a round one. Burn-in ends once the objective (mean ``V``, plus the MMD term)
-  has stopped falling between two windows (the one-sided 5 % test of
+  ``M A``). ``M`` is a Gaussian fit's covariance from the first step (set by the method,
+  ``reestimate = False``), or re-estimated at the end of every window from the ensemble's
+  covariance (:func:`ensemble_preconditioner`; minibatches), so that a badly scaled or
+  correlated posterior mixes as fast as a round one. Burn-in ends once the objective (mean
+  ``V``, plus the MMD term) has stopped falling between two windows (the one-sided 5 % test of
   :class:`pymc_gpf.control.Stochastic`); ``eta`` and ``M`` are then frozen.
 * **Minibatches** (SGLD). When every step reads a fraction ``f`` of the rows, the gradient's
   noise has about ``(1/f - 1)`` times the likelihood's curvature as covariance (the Fisher

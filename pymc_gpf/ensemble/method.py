@@ -226,8 +226,9 @@ class Ensemble(FlowInference):
     Notes
     -----
     At the automatic step size (the default) the Langevin kinds set ``eta`` during burn-in
-    from the largest curvature of ``V`` the ensemble sees (in the preconditioner's metric),
-    re-estimate the preconditioner, detect the end of burn-in, then freeze both
+    from the largest curvature of ``V`` the ensemble sees (in the preconditioner's metric: a
+    Gaussian fit's covariance, or on minibatches the ensemble's own, re-estimated), detect
+    the end of burn-in, then freeze both
     (:mod:`pymc_gpf.ensemble.control`). The unadjusted scheme keeps an ``O(eta)`` bias
     (:func:`pymc_gpf.ensemble.flow.ula_gaussian_covariance` gives it for a Gaussian). A fixed
     ``learning_rate`` sets ``eta`` of the plain scheme instead. With ``pm.Minibatch`` data

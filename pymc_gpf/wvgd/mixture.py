@@ -107,6 +107,10 @@ class MixtureProposal:
     def __init__(self, q: MixtureQ, rng: np.random.Generator, n_draws: int = 100_000):
         self.q, self.rng, self.n_draws = q, rng, n_draws
 
+    @property
+    def ndim(self) -> int:
+        return self.q.particles.shape[1]
+
     def sample(self, draws: int, rng: np.random.Generator) -> np.ndarray:
         return self.q.sample(draws, rng)
 
