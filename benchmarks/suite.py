@@ -41,6 +41,7 @@ EXPERIMENTS: dict[str, str] = {
     "reference": "exp_reference",  # posteriordb + inference-gym ground truth
     "hard": "exp_hard",  # posteriors the defaults were never tuned on, NUTS references
     "minibatch": "exp_minibatch",  # pm.Minibatch at defaults, closed-form posterior
+    "type2": "exp_type2",  # more_obj_params at defaults, closed-form ML-II optimum
     "speed": "exp_speed",  # per-step cost, scaling with D and N
     "startup": "exp_startup",  # time to the first step, cold and warm cache
     "scale": "exp_scale",  # JAX, particles split across devices

@@ -302,7 +302,36 @@ def fit_dataset(inference) -> xr.Dataset:
         tol = inference.fit_options.tol
         attrs["tol"] = "none" if tol is None else tol
         attrs["learning_rate"] = inference.fit_options.settings()["learning_rate"]
-    return fit_group(inference.name, inference.hist, inference.step_sizes, attrs)
+    group = fit_group(inference.name, inference.hist, inference.step_sizes, attrs)
+    if inference.hyper_trace and inference.fit_options is not None:
+        group = _with_hyper_trace(group, inference)
+    return group
+
+
+def _with_hyper_trace(group: xr.Dataset, inference) -> xr.Dataset:
+    """The learnt hyperparameters' values on ``step`` (``hyper_<name>``, ``nan`` before
+    they were learnt), their final values and θ's last decrement in the attributes."""
+    params = inference.fit_options.more_obj_params
+    trace = np.asarray(inference.hyper_trace, dtype=float)
+    n = group.sizes["step"]
+    trace = np.concatenate([np.full((max(n - len(trace), 0), trace.shape[1]), np.nan), trace])
+    trace = trace[-n:] if n else trace[:0]
+    offset = 0
+    for i, p in enumerate(params):
+        value = np.asarray(p.get_value())
+        name = f"hyper_{p.name or i}"
+        column = trace[:, offset : offset + value.size]
+        offset += value.size
+        if value.ndim == 0:
+            group[name] = ("step", column[:, 0])
+            group.attrs[name] = float(value)
+        else:
+            group[name] = (("step", f"{name}_dim"), column)
+            group.attrs[name] = value.ravel().astype(float)
+    if inference.hyper is not None:
+        group.attrs["hyper_decrement"] = inference.hyper.decrement
+        group.attrs["hyper_steps"] = inference.hyper.steps
+    return group
 
 
 def points_dataset(

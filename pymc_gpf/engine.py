@@ -22,6 +22,7 @@ from pytensor.compile.sharedvalue import SharedVariable
 
 from pymc_gpf.checks import is_integer, positive, seed_sequence
 from pymc_gpf.control import Control, FixedSteps, Outcome, Stochastic
+from pymc_gpf.hyper import HyperSearch, compile_hyper_moments, flat_values, set_flat_values
 from pymc_gpf.jaxlink import row_sharding
 from pymc_gpf.loop import run
 from pymc_gpf.options import (
@@ -41,6 +42,8 @@ from pymc_gpf.verdict import NOT_CONVERGED, UNCONVERGED_REMEDIES, Verdict
 __all__ = ["FlowInference", "configure"]
 
 CHECK_STREAM = 5  # spawn key of the verdict's random stream (0-3: the fit's, 4: WVGD's)
+HYPER_STREAM = 6  # and of the hyperparameters' draws of q
+HYPER_DRAWS, HYPER_MAX_DRAWS, HYPER_BATCH = 4096, 32768, 512  # q's draws for θ's step
 
 
 def rebuild(cls: type[FlowInference], model: pm.Model, options: dict[str, Any]) -> FlowInference:
@@ -85,6 +88,10 @@ class FlowInference(Inference):
             np.zeros(2, dtype=pytensor.config.floatX), name=f"{self.name}_learning_rates"
         )
         self.state_vars: dict[str, SharedVariable] = {}
+        # more_obj_params at the automatic step size: θ's search and its trace (pymc_gpf.hyper)
+        self.hyper: HyperSearch | None = None
+        self.hyper_trace: list[np.ndarray] = []
+        self._hyper_fn = None
         self._start = start
         self._seed(random_seed)
         self._approx = self._initialise()
@@ -182,6 +189,9 @@ class FlowInference(Inference):
         )
         self.fit_options = options
         self.control = self._control(options)
+        if options.auto and options.more_obj_params:
+            self.hyper = HyperSearch(options.tol)
+            self._hyper_fn = None
 
     def refine(self, n: int, progressbar: bool = True, progressbar_theme=default_progress_theme,
                *, learning_rate=None, tol: float | None = None):  # fmt: skip
@@ -217,7 +227,80 @@ class FlowInference(Inference):
             return Verdict(NOT_CONVERGED, outcome.message, self._remedy(outcome.reason))
         entropy, key = self._check_root
         seed = np.random.SeedSequence(entropy, spawn_key=(*key, CHECK_STREAM, len(self.hist)))
-        return self.approx.check_fit(np.random.default_rng(seed), self.fit_options.check_draws)
+        verdict = self.approx.check_fit(np.random.default_rng(seed), self.fit_options.check_draws)
+        params = self.fit_options.more_obj_params
+        if verdict is None or verdict.trustworthy or not params:
+            return verdict
+        names = ", ".join(p.name or repr(p) for p in params)
+        cause = (
+            f"{verdict.cause}; the learnt hyperparameters ({names}) minimise q's free "
+            "energy, which is not -log p(y | θ) where q is off: they can be far from type-II "
+            "maximum likelihood (a loose bound favours simpler priors)"
+        )
+        return replace(verdict, cause=cause)
+
+    # --------------------------------------- more_obj_params at the automatic step size
+    def hyper_stop(self, stop: str | None, step: int) -> str | None:
+        """A converged q with hyperparameters to learn: one step of θ (``None``: the fit
+        goes on) unless θ has converged too (:mod:`pymc_gpf.hyper`)."""
+        if stop != "converged" or self.hyper is None:
+            return stop
+        params = self.fit_options.more_obj_params
+        move = self.hyper.propose(*self._hyper_moments(step))
+        if move is None:
+            return "converged"
+        set_flat_values(params, flat_values(params) + move)
+        self._hyperparameters_moved()
+        return None
+
+    def _hyper_moments(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The envelope gradient of the free energy in θ, its fixed-q Hessian, and the
+        gradient's Monte Carlo covariance (``None`` for a deterministic quadrature). Draws
+        of q (in batches of ``HYPER_BATCH``, whose means give the covariance) double from
+        ``HYPER_DRAWS`` to ``HYPER_MAX_DRAWS`` while the noise leaves θ's test open."""
+        options = self.fit_options
+        if self._hyper_fn is None:
+            self._hyper_fn = compile_hyper_moments(
+                self.target, options.more_obj_params, options.compile_backend,
+                options.compile_kwargs,
+            )  # fmt: skip
+        entropy, key = self._check_root
+        seed = np.random.SeedSequence(entropy, spawn_key=(*key, HYPER_STREAM, step))
+        rng = np.random.default_rng(seed)
+        grads, hessian, total, draws = [], 0.0, 0, HYPER_DRAWS
+        while True:
+            points, exact = self._hyper_points(rng, draws)
+            batches = [points] if exact else np.split(points, len(points) // HYPER_BATCH)
+            for batch in batches:
+                gradient_sum, hessian_sum = self._hyper_fn(batch)
+                grads.append(np.asarray(gradient_sum) / len(batch))
+                hessian = hessian + np.asarray(hessian_sum)
+            self.density_evaluations += len(points)
+            total += len(points)
+            gradient = np.mean(grads, axis=0)
+            if exact:
+                return gradient, hessian / total, None
+            noise = np.atleast_2d(np.cov(np.array(grads), rowvar=False)) / len(grads)
+            if total >= HYPER_MAX_DRAWS or not self.hyper.unclear(gradient, hessian / total, noise):
+                return gradient, hessian / total, noise
+            draws = total
+
+    def _hyper_points(self, rng: np.random.Generator, draws: int) -> tuple[np.ndarray, bool]:
+        """Points of q over which the hyperparameters' gradient is averaged, and whether
+        that average is the method's own (deterministic) quadrature: by default ``draws``
+        fresh draws of q."""
+        return self.approx.draw(draws, rng), False
+
+    def _hyperparameters_moved(self) -> None:
+        """θ moved: q converges again, from where it is, with a fresh schedule."""
+        self.control = self._control(self.fit_options)
+
+    def end_message(self, reason: str) -> str:
+        """How the fit ended, in words (the hyperparameters' test included)."""
+        message = self._describe(reason)
+        if reason == "converged" and self.hyper is not None:
+            message += f"; {self.hyper.describe()}"
+        return message
 
     def _remedy(self, reason: str) -> str:
         """What to do about a fit that ended for ``reason`` without converging."""

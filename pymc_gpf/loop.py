@@ -22,6 +22,7 @@ from rich.progress import Progress, TextColumn
 from pymc_gpf.control import Outcome
 from pymc_gpf.errors import FitWarning
 from pymc_gpf.failure import FailedStep, explain_failure
+from pymc_gpf.hyper import flat_values
 from pymc_gpf.options import FitOptions
 from pymc_gpf.stepgraph import CompiledStep
 from pymc_gpf.verdict import NOT_CONVERGED
@@ -126,8 +127,10 @@ def run(inference, n: int, progressbar: bool, theme) -> None:
         inference.density_evaluations += densities
         stop = inference.control.observe(free_energy, info)
         done += 1
+        if inference.fit_options.more_obj_params:
+            inference.hyper_trace.append(flat_values(inference.fit_options.more_obj_params))
         if stop is not None:
-            stop = inference._on_stop(stop, start + done)
+            stop = inference.hyper_stop(inference._on_stop(stop, start + done), start + done)
         return float(size), stop
 
     def describe(free_energy: float, info: dict[str, float], stop: str) -> str:
@@ -201,7 +204,7 @@ def _record(inference, result: LoopResult, n: int) -> None:
     inference.state = inference.state._replace(i=len(hist))
     if result.failure is None:
         result.reason = inference.control.conclude(result.reason)
-    message = inference._describe(result.reason)
+    message = inference.end_message(result.reason)
     inference.outcome = fit_outcome(result.reason, n, len(hist), inference.fit_options, message)
     inference.control.finish(result.reason)
     if result.failure is None:

@@ -171,12 +171,6 @@ def parse_fit_options(
         tol = MINIBATCH_TOL if target.minibatch else DEFAULT_TOL
     params = _hyperparameters(target, more_obj_params)
     resolved = resolve(default_optimizer if optimizer is None else optimizer)
-    if rates is None and params:
-        raise ValueError(
-            "more_obj_params (type-II maximum likelihood) needs a fixed learning_rate for "
-            "now, e.g. learning_rate=0.01: the automatic step size adapts the fit's own "
-            "step only."
-        )
     if rates is None and (optimizer is not None or clip_norm is not None):
         raise ValueError(
             "optimizer= and clip_norm= shape a fixed-step fit; the automatic step size "

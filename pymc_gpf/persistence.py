@@ -92,6 +92,9 @@ def _checkpoint(inference: FlowInference) -> xr.Dataset:
         "flat_coordinates": _json(inference.target.labels, "labels"),
         "data_rngs": _json(inference.target.data_rng_states(), "minibatch rng state"),
         "control": _json(inference.control.state(), "the step-size controller's state"),
+        "hyper": _json(
+            None if inference.hyper is None else inference.hyper.state(), "the hyperparameters"
+        ),
         "outcome": _json(None if inference.outcome is None else vars(inference.outcome), "outcome"),
         "extra": _json(inference.checkpoint_extra(), "the method's extra state"),
         "evaluations": _json(
@@ -99,6 +102,10 @@ def _checkpoint(inference: FlowInference) -> xr.Dataset:
         ),
     }
     arrays["step_size"] = xr.DataArray(np.asarray(inference.step_sizes), dims=["step_size_dim0"])
+    if inference.hyper_trace:
+        arrays["hyper_trace"] = xr.DataArray(
+            np.asarray(inference.hyper_trace), dims=["hyper_trace_dim0", "hyper_trace_dim1"]
+        )
     return xr.Dataset(arrays, attrs=attrs)
 
 
@@ -220,7 +227,8 @@ def load(
             f"{inference.target.labels}. Load it with the model it was fitted to."
         )
     inference.prepare(_fit_options(inference, attrs))
-    expected, saved = set(inference.state_vars), set(checkpoint.data_vars) - {"step_size"}
+    expected = set(inference.state_vars)
+    saved = set(checkpoint.data_vars) - {"step_size", "hyper_trace"}
     if expected != saved:
         raise ValueError(
             f"The checkpoint does not match this version of pymc-gpf's {attrs['method']} "
@@ -232,6 +240,11 @@ def load(
     inference.step_sizes = np.asarray(checkpoint["step_size"].values, dtype=float)
     inference.target.set_data_rng_states(json.loads(attrs["data_rngs"]))
     inference.control.load(json.loads(attrs["control"]))
+    hyper = json.loads(attrs.get("hyper", "null"))
+    if hyper is not None and inference.hyper is not None:
+        inference.hyper.load(hyper)
+    if "hyper_trace" in checkpoint:
+        inference.hyper_trace = list(np.asarray(checkpoint["hyper_trace"].values, dtype=float))
     outcome = json.loads(attrs["outcome"])
     inference.outcome = None if outcome is None else Outcome(**outcome)
     inference.load_checkpoint_extra(json.loads(attrs["extra"]))

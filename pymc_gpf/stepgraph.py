@@ -262,7 +262,8 @@ def compile_step(
     name a saved checkpoint gives it."""
     step_updates = dict(graph.updates)
     keys = {var: var.name for var in step_updates}
-    _learn_hyperparameters(graph, options, learning_rates[0], step_updates, keys)
+    if not options.auto:  # the automatic step learns them between fits of q (pymc_gpf.hyper)
+        _learn_hyperparameters(graph, options, learning_rates[0], step_updates, keys)
     state = {learning_rates.name: learning_rates}
     if graph.guarded:
         step_updates, ok = _guard(graph, step_updates, keys, state)
@@ -270,6 +271,9 @@ def compile_step(
         ok = pt.isfinite(graph.free_energy)
         for var in step_updates:
             _add_state(state, keys[var], var)
+    if options.auto:  # θ, set between fits of q, is state all the same
+        for i, theta in enumerate(options.more_obj_params):
+            _add_state(state, f"hyper{i}", theta)
     info = dict(graph.info)
     outputs = [graph.free_energy, ok, *info.values()]
     if options.compile_backend == "jax":

@@ -96,12 +96,14 @@ def _hierarchy(y):
     return model, log_sigma
 
 
-def test_learnt_hyperparameters_are_restored(tmp_path):
+@pytest.mark.parametrize("learning_rate,steps", [(0.01, (40, 20)), ("auto", (30, 15))])
+def test_learnt_hyperparameters_are_restored(tmp_path, learning_rate, steps):
     """more_obj_params (type-II ML of log_sigma, as tests/test_contract.py): the loaded fit
-    writes the learnt value into the new model's shared variable and continues exactly."""
+    writes the learnt value into the new model's shared variable and continues exactly, at a
+    fixed step and at the automatic one (whose θ search, pymc_gpf.hyper, is saved too)."""
     y = np.random.default_rng(4).normal(0, np.sqrt(5.0), 20)
     fits = []
-    for n in (40, 20):
+    for n in steps:
         model, log_sigma = _hierarchy(y)
         fits.append(
             pm.fit(
@@ -110,7 +112,7 @@ def test_learnt_hyperparameters_are_restored(tmp_path):
                 model=model,
                 random_seed=6,
                 inf_kwargs={"natural_mean": True},
-                learning_rate=0.01,
+                learning_rate=learning_rate,
                 more_obj_params=[log_sigma],
                 progressbar=False,
             )
@@ -121,9 +123,11 @@ def test_learnt_hyperparameters_are_restored(tmp_path):
     model, log_sigma = _hierarchy(y)
     loaded = pymc_gpf.load(path, model=model)
     assert log_sigma.get_value() == part.log_sigma.get_value() != 0.0
-    loaded.refine(20)
+    loaded.refine(steps[0] - steps[1])
     _assert_same_fit(loaded, whole)
     assert log_sigma.get_value() == whole.log_sigma.get_value()
+    trace = loaded.fit_group()["hyper_log_sigma"].values  # θ on `step`, as the fit's
+    np.testing.assert_array_equal(trace, whole.fit_group()["hyper_log_sigma"].values)
     model, _ = _hierarchy(y)
     with pm.Model() as other:
         pm.Normal("w", 0, 1, shape=len(y))

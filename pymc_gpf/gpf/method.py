@@ -258,6 +258,19 @@ class GPF(FlowInference):
         self._grow(step_count, {})
         return None
 
+    def _hyper_points(self, rng: np.random.Generator, draws: int) -> tuple[np.ndarray, bool]:
+        if self.target.minibatch:  # each batch of draws its own minibatch: a noise estimate
+            return super()._hyper_points(rng, draws)
+        # the particles: the quadrature F~ itself uses, so the gradient is F~'s exactly
+        return self.approx.particles, True
+
+    def _hyperparameters_moved(self) -> None:
+        if self.fit_options.auto and self._line_search:
+            self._auto.reset()  # nothing evaluated at the new hyperparameters yet
+            self.control.restart()
+        else:
+            super()._hyperparameters_moved()
+
     def _grow(self, step_count: int, why: dict) -> bool:
         """Restart from the same Gaussian with twice the particles, if the automatic
         ``n_particles`` may still grow; ``why`` goes into the stage's record (a biased free
