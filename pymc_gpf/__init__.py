@@ -8,6 +8,7 @@ from pymc_gpf import optimizers
 from pymc_gpf.diagnostics import Diagnosis, diagnose
 from pymc_gpf.ensemble import Ensemble, EnsembleApproximation
 from pymc_gpf.errors import (
+    CheckpointError,
     DivergenceError,
     FitWarning,
     InitialPointError,
@@ -27,6 +28,7 @@ __all__ = [
     "GPF",
     "WVGD",
     "BatchedTarget",
+    "CheckpointError",
     "Diagnosis",
     "DivergenceError",
     "Ensemble",

@@ -47,7 +47,9 @@ REASONS = {
     "floor": "the step size reached its floor before the iterates settled",
     "max_steps": "reached the maximum number of steps before converging",
     "callback": "stopped by a callback",
-    "interrupted": "interrupted",
+    "interrupted": (
+        "interrupted (KeyboardInterrupt): the fit so far is kept; approx.refine(n) continues it"
+    ),
     "divergence": "diverged",
 }
 Z_ONE_SIDED_5 = 1.645

@@ -7,6 +7,8 @@ one group named after the method with its fitted state and settings.
 
 from __future__ import annotations
 
+import warnings
+
 from types import SimpleNamespace
 from typing import Any
 
@@ -81,12 +83,15 @@ def build_datatree(
     coords, dims = coords_and_dims_for_inferencedata(model)
     groups = {}
     if posterior is not None:
-        groups["posterior"] = dict_to_dataset_drop_incompatible_coords(
-            {name: value if chains else value[None, ...] for name, value in posterior.items()},
-            inference_library=LIBRARY,
-            coords=coords,
-            dims=dims,
-        )
+        with warnings.catch_warnings():
+            # an ensemble's chains are its particles: more chains than draws is by design
+            warnings.filterwarnings("ignore", "Found chain dimension to be longer", UserWarning)
+            groups["posterior"] = dict_to_dataset_drop_incompatible_coords(
+                {name: value if chains else value[None, ...] for name, value in posterior.items()},
+                inference_library=LIBRARY,
+                coords=coords,
+                dims=dims,
+            )
     groups |= {
         "fit": fit,
         method: method_group,

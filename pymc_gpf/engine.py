@@ -92,6 +92,7 @@ class FlowInference(Inference):
         self.hyper: HyperSearch | None = None
         self.hyper_trace: list[np.ndarray] = []
         self._hyper_fn = None
+        self._progressbar = True  # as the last fit: refine() follows it
         self._start = start
         self._seed(random_seed)
         self._approx = self._initialise()
@@ -173,6 +174,7 @@ class FlowInference(Inference):
             self._before_first_fit(self.fit_options)
         done = 0 if self.state is None else self.state.i
         self.state = State(done, step=self.step, callbacks=list(callbacks or []), score=True)
+        self._progressbar = bool(progressbar)  # refine() shows a bar only if the fit did
         self._run(int(n), progressbar, progressbar_theme)
         return self.approx
 
@@ -193,11 +195,13 @@ class FlowInference(Inference):
             self.hyper = HyperSearch(options.tol)
             self._hyper_fn = None
 
-    def refine(self, n: int, progressbar: bool = True, progressbar_theme=default_progress_theme,
-               *, learning_rate=None, tol: float | None = None):  # fmt: skip
+    def refine(self, n: int, progressbar: bool | None = None,
+               progressbar_theme=default_progress_theme, *, learning_rate=None,
+               tol: float | None = None):  # fmt: skip
         """Continue with the last compiled step, optimiser state, callbacks and history (at
-        most ``n`` more steps). With a fixed step size, ``learning_rate`` changes it from
-        here on (e.g. after a divergence); ``tol`` changes the stopping tolerance."""
+        most ``n`` more steps); ``progressbar`` defaults to the fit's. With a fixed step
+        size, ``learning_rate`` changes it from here on (e.g. after a divergence); ``tol``
+        changes the stopping tolerance."""
         if self.state is None:
             raise TypeError("Need to call `.fit` first")
         if not is_integer(n, 0):
@@ -215,6 +219,8 @@ class FlowInference(Inference):
         if tol is not None:
             self.fit_options = replace(self.fit_options, tol=positive("tol", tol))
             self.control.tol = self.fit_options.tol
+        if progressbar is None:
+            progressbar = self._progressbar
         self._run(int(n), progressbar, progressbar_theme)
         return self.approx
 
@@ -275,7 +281,7 @@ class FlowInference(Inference):
                 gradient_sum, hessian_sum = self._hyper_fn(batch)
                 grads.append(np.asarray(gradient_sum) / len(batch))
                 hessian = hessian + np.asarray(hessian_sum)
-            self.density_evaluations += len(points)
+            self.gradient_evaluations += len(points)  # θ-gradients of log p at q's points
             total += len(points)
             gradient = np.mean(grads, axis=0)
             if exact:

@@ -13,6 +13,12 @@ class InitialPointError(ValueError):
     """The log-density or its gradient is not finite at the initial particles."""
 
 
+class CheckpointError(ValueError):
+    """A file or DataTree given to :func:`pymc_gpf.load` is not a pymc-gpf checkpoint, is
+    truncated or corrupted (its checksum does not match), or was written by another format
+    version; nothing of it is loaded."""
+
+
 class DivergenceError(FloatingPointError):
     """A step produced non-finite values; the approximation keeps the last finite state.
 

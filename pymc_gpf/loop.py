@@ -17,7 +17,7 @@ import numpy as np
 
 from pymc.progress_bar import CustomProgress
 from rich.console import Console
-from rich.progress import Progress, TextColumn
+from rich.progress import BarColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from pymc_gpf.control import Outcome
 from pymc_gpf.errors import FitWarning
@@ -60,6 +60,7 @@ def run_steps(
     approx,
     progressbar: bool,
     theme,
+    stops_itself: bool = False,
 ) -> LoopResult:
     """At most ``n`` steps. ``observe(free_energy, info)`` returns the step size and a stop
     code (or ``None``); ``describe(free_energy, info, stop)`` the progress text;
@@ -69,9 +70,9 @@ def run_steps(
     result = LoopResult(scores, sizes)
     try:
         with CustomProgress(
-            *Progress.get_default_columns(),
+            *progress_columns(stops_itself),
             TextColumn("{task.fields[loss]}"),
-            console=Console(theme=theme),
+            console=_console(theme),
             disable=not progressbar,
         ) as progress:
             task = progress.add_task(title, total=n, loss="" if step.calls else COMPILING)
@@ -95,7 +96,7 @@ def run_steps(
                 if stop is not None:
                     result.reason = stop
                     text = describe(free_energy, info, stop)
-                    progress.update(task, completed=n, loss=text)
+                    progress.update(task, completed=done, loss=text)
                     break
     except StopIteration as stop:
         logger.info(str(stop))
@@ -107,6 +108,26 @@ def run_steps(
         result.free_energies, result.step_sizes = scores[:done], sizes[:done]
         finish(result)
     return result
+
+
+PROGRESS_WIDTH = 120  # columns of the progress line in a log or a notebook (not a terminal)
+
+
+def _console(theme) -> Console:
+    console = Console(theme=theme)
+    if not console.is_terminal:  # rich would cut a log's line at 80 columns
+        console = Console(theme=theme, width=max(console.width, PROGRESS_WIDTH))
+    return console
+
+
+def progress_columns(stops_itself: bool) -> list:
+    """The steps done and the time; a bar and a percentage only for a fit that runs the
+    steps asked for (for one that stops by itself, they would be of the step cap)."""
+    steps = TextColumn("step {task.completed:,.0f}")
+    if stops_itself:
+        return [TextColumn("{task.description}"), steps, TimeElapsedColumn()]
+    return [TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), steps,
+            TimeElapsedColumn()]  # fmt: skip
 
 
 def run(inference, n: int, progressbar: bool, theme) -> None:
@@ -151,6 +172,7 @@ def run(inference, n: int, progressbar: bool, theme) -> None:
         approx=inference.approx,
         progressbar=progressbar,
         theme=theme,
+        stops_itself=inference.fit_options.tol is not None,
     )
     if result.failure is not None:
         failed = FailedStep(
@@ -226,13 +248,14 @@ def fit_outcome(reason: str, n: int, steps: int, options: FitOptions, message: s
 def progress_text(
     free_energy: float, info: dict[str, float], options: FitOptions, stop: str, rate: float
 ) -> str:
-    """The progress bar's text: free energy, step size, distance to the fixed point."""
-    text = f"Free energy = {float(free_energy):,.6g}"
+    """The progress bar's text: free energy, step size, distance to the fixed point (in the
+    units of ``tol``), and how the fit ended."""
+    text = f"F = {float(free_energy):,.6g}"
     if "step_size" in info:
-        text += f", step {info['step_size']:.2g}"
+        text += f", step size {info['step_size']:.2g}"
+    elif options.auto:
+        text += f", step size {rate:.2g}"
     if "decrement" in info and options.tol:
         distance = math.sqrt(max(info["decrement"], 0.0))
         text += f", distance {distance:.2g} (tol {options.tol:g})"
-    elif options.auto:
-        text += f", step {rate:.2g}"
     return f"{text}; {stop.split(':')[0]}" if stop else text

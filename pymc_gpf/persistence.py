@@ -13,6 +13,7 @@ continues exactly as an uninterrupted run with the same seed would.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 
 from pathlib import Path
@@ -29,6 +30,7 @@ from pytensor.graph.traversal import ancestors
 from pymc_gpf.control import Outcome
 from pymc_gpf.datatree import build_datatree
 from pymc_gpf.engine import FlowInference
+from pymc_gpf.errors import CheckpointError
 from pymc_gpf.optimizers import OPTIMIZERS, Optimizer
 from pymc_gpf.options import FitOptions, parse_fit_options
 from pymc_gpf.protocols import FittedApproximation
@@ -37,7 +39,7 @@ from pymc_gpf.registry import METHODS
 __all__ = ["load", "save", "to_datatree"]
 
 GROUP = "checkpoint"
-FORMAT = 2  # 2: optimiser and controller state named from their fields (0.2)
+FORMAT = 3  # 2: optimiser and controller state named from their fields; 3: a checksum
 NETCDF = {"engine": "h5netcdf"}
 ZARR = {"consolidated": False}  # consolidated metadata is not part of zarr format 3
 _OPTIMIZER_CLASSES = {cls.__name__: cls for cls in OPTIMIZERS.values()}
@@ -106,7 +108,24 @@ def _checkpoint(inference: FlowInference) -> xr.Dataset:
         arrays["hyper_trace"] = xr.DataArray(
             np.asarray(inference.hyper_trace), dims=["hyper_trace_dim0", "hyper_trace_dim1"]
         )
-    return xr.Dataset(arrays, attrs=attrs)
+    checkpoint = xr.Dataset(arrays, attrs=attrs)
+    checkpoint.attrs["checksum"] = _checksum(checkpoint, inference.hist)
+    return checkpoint
+
+
+def _checksum(checkpoint: xr.Dataset, hist: np.ndarray) -> str:
+    """SHA-256 of every array and attribute of the checkpoint and of the free-energy trace:
+    a flipped byte anywhere in the state is found before anything is loaded."""
+    digest = hashlib.sha256()
+    for key in sorted(checkpoint.attrs):
+        if key != "checksum":
+            digest.update(f"{key}={checkpoint.attrs[key]}\n".encode())
+    arrays = [(key, checkpoint[key].values) for key in sorted(checkpoint.data_vars)]
+    for key, value in [*arrays, ("hist", np.asarray(hist, dtype=float))]:
+        value = np.ascontiguousarray(value)
+        digest.update(f"{key}:{value.dtype.str}:{value.shape}\n".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()
 
 
 def to_datatree(approx: FittedApproximation, draws: int = 0, random_seed=None) -> xr.DataTree:
@@ -150,6 +169,47 @@ def _require_zarr() -> None:
 
 
 # -------------------------------------------------------------------------- loading
+def _read(source: str | Path | xr.DataTree) -> tuple[xr.DataTree, xr.Dataset]:
+    """The tree and its checkpoint, whole and as saved, or :class:`CheckpointError`."""
+    where = "This DataTree" if isinstance(source, xr.DataTree) else f"{str(source)!r}"
+    try:
+        tree = _open(source)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # h5py, zarr and netCDF report a damaged file in many ways
+        raise CheckpointError(
+            f"{where} is not a pymc-gpf checkpoint or is corrupted (it cannot be read: "
+            f"{type(err).__name__}: {err}). Save fits with approx.save(path)."
+        ) from err
+    if GROUP not in tree.children:
+        raise CheckpointError(
+            f"{where} has no {GROUP!r} group, so it cannot be continued: it is not a pymc-gpf "
+            "checkpoint (save fits with approx.save(path); approx.sample() keeps draws only)."
+        )
+    checkpoint = tree[GROUP].to_dataset()
+    saved = checkpoint.attrs.get("format")
+    if saved is None or str(saved) != str(FORMAT):
+        raise CheckpointError(
+            f"{where} has checkpoint format {saved}; this version of pymc-gpf reads format "
+            f"{FORMAT}. Load it with the version that saved it, or fit again."
+        )
+    try:
+        hist = tree["fit"]["free_energy"].values
+        matches = checkpoint.attrs.get("checksum") == _checksum(checkpoint, hist)
+    except Exception as err:
+        raise CheckpointError(
+            f"{where} is a truncated or corrupted pymc-gpf checkpoint ({type(err).__name__}: "
+            f"{err}); nothing was loaded. Fit again, or load an intact copy."
+        ) from err
+    if not matches:
+        raise CheckpointError(
+            f"{where} is a corrupted pymc-gpf checkpoint: its checksum does not match its "
+            "contents, so its state cannot be trusted; nothing was loaded. Fit again, or load "
+            "an intact copy."
+        )
+    return tree, checkpoint
+
+
 def _open(source: str | Path | xr.DataTree) -> xr.DataTree:
     if isinstance(source, xr.DataTree):
         return source
@@ -204,19 +264,8 @@ def load(
     (``more_obj_params``) are written back into the model's shared variables of the same
     names, as the fit had left them. ``devices`` (as the methods' option; a fit does not
     save the machine's devices) splits the particles across JAX devices from here on."""
-    tree = _open(source)
-    if GROUP not in tree.children:
-        raise ValueError(
-            f"This DataTree has no {GROUP!r} group, so it cannot be continued; save fits "
-            "with approx.save(path) (approx.sample() keeps draws only)."
-        )
-    checkpoint = tree[GROUP].to_dataset()
+    tree, checkpoint = _read(source)
     attrs = checkpoint.attrs
-    if int(attrs["format"]) != FORMAT:
-        raise ValueError(
-            f"This checkpoint has format {attrs['format']}; this version of pymc-gpf reads "
-            f"format {FORMAT}. Load it with the version that saved it, or fit again."
-        )
     model = pm.modelcontext(model)
     options = json.loads(attrs["options"]) | ({"devices": devices} if devices else {})
     inference = METHODS[attrs["method"]].from_options(model, options)

@@ -8,7 +8,9 @@ every other method goes to PyMC unchanged, and :func:`unregister` restores the o
 
 from __future__ import annotations
 
+import difflib
 import functools
+import inspect
 
 import pymc
 import pymc.variational
@@ -46,7 +48,24 @@ def _build(name: str, model, random_seed, start, start_sigma, inf_kwargs) -> Flo
         options["random_seed"] = random_seed
     if start is not None:
         options["start"] = start
+    _check_keys(name, METHODS[name], options)
     return METHODS[name](model=model, **options)
+
+
+def _check_keys(name: str, cls: type, options: dict) -> None:
+    """An unknown ``inf_kwargs`` key: name the valid ones and the closest."""
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    valid = sorted(k for k in params if k not in ("self", "model"))
+    for key in options:
+        if key not in params:
+            close = difflib.get_close_matches(str(key), valid, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise TypeError(
+                f"inf_kwargs: {name!r} has no option {key!r}.{hint} Its options are: "
+                f"{', '.join(valid)} (see help(pymc_gpf.{cls.__name__}))."
+            )
 
 
 def _wrap(original):

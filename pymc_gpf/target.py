@@ -153,6 +153,9 @@ def compile_function(
     with pytensor.config.change_flags(numba__fastmath=False), warnings.catch_warnings():
         # the JAX linker's copies of the generators are kept in step (sync_generators)
         warnings.filterwarnings("ignore", "The RandomType SharedVariables", UserWarning)
+        # pip installs: PyTensor's C code then calls BLAS through NumPy's C API (NumPy's own
+        # BLAS); the quick_c and numba backends do not need the link it warns about
+        warnings.filterwarnings("ignore", "PyTensor could not link to a BLAS", UserWarning)
         fn = compile_pymc(inputs, outputs, **compile_kwargs_for(backend, compile_kwargs), **kwargs)
     return sync_generators(fn)
 
@@ -193,8 +196,10 @@ def _try_vectorize(outputs: list[Variable], flat: Variable, rows: Variable, what
     if looped:
         _warn_once(
             f"blockwise:{what}:{looped}",
-            f"pymc-gpf: the Ops {looped} in the {what} graph have no batched implementation; "
-            "PyTensor evaluates them once per particle (correct but slower).",
+            f"pymc-gpf: the Ops {looped} in the {what} graph have no batched implementation, "
+            "so PyTensor runs them once per particle or draw, one after another: the results "
+            "are exact, but these Ops cost N times their single-point cost each step (N "
+            "particles or draws) instead of one batched call.",
         )
     return list(batched)
 

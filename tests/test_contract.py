@@ -11,12 +11,15 @@ within their Monte Carlo noise: 3 %.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 import pytest
 
+from pymc_gpf.errors import FitWarning
 from pymc_gpf.registry import METHODS
 
 TYPE_II = {"gpf": 1e-3, "gf": 0.03, "wvgd": 0.03}  # method: relative error allowed in sigma^2
@@ -62,3 +65,16 @@ def test_more_obj_params_is_type_ii_maximum_likelihood(method):
     if method == "gpf":
         marginal = -0.5 * np.sum(np.log(2 * np.pi * (ml_ii + 1)) + y**2 / (ml_ii + 1))
         assert approx.hist[-1] == pytest.approx(-marginal, abs=1e-3)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_sample_draws_is_the_total_number_of_draws(method):
+    """sample(draws): ``draws`` in total for every method (an ensemble: its chains, the
+    particles, share them), so a DataTree's chain x draw is the same across methods."""
+    with pm.Model() as model:
+        pm.Normal("x", 0, 1, shape=2)
+    approx = pm.fit(50, method=method, model=model, random_seed=0, progressbar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FitWarning)  # 50 steps: maybe not converged
+        posterior = approx.sample(40).posterior
+    assert posterior.sizes["chain"] * posterior.sizes["draw"] == 40

@@ -100,6 +100,9 @@ BAD_OPTIONS = [
     ("wvgd", {"initial_particles": np.zeros((2, 2))}, {}, ValueError, r"shape \(J, 3\)"),
     ("wvgd", {"initial_particles": [[0.0, np.nan, 1.0]]}, {}, ValueError, "non-finite"),
     *[(m, {"init": "random"}, {}, ValueError, "init must be one of") for m in INPUT_METHODS],
+    # an unknown inf_kwargs key: the valid ones and the closest
+    ("gpf", {"n_particle": 8}, {}, TypeError, "no option 'n_particle'. Did you mean 'n_particles'"),
+    ("ensemble", {"bogus": 1}, {}, TypeError, r"no option 'bogus'\. Its options are: bandwidth"),
     *[
         (m, {"start": {"slope": [1.0, 2.0]}}, {}, ValueError, r"start\['slope'\] has shape")
         for m in INPUT_METHODS
@@ -181,12 +184,21 @@ def _wall():
     return model
 
 
+def _wall_off_start():
+    # the initial point itself is outside: found before the step is compiled
+    with pm.Model() as model:
+        x = pm.Normal("x", 0, 1, shape=2)
+        pm.Potential("wall", pt.switch(x[0] > 0.5, 0.0, -np.inf))
+    return model
+
+
 BAD_MODELS = [
     (_discrete, pymc_gpf.ModelNotSupportedError, r"\['count'\] are discrete.*arginal"),
     (_empty, pymc_gpf.ModelNotSupportedError, "no free variables"),
     (_nan_minibatch, pymc_gpf.ModelNotSupportedError, "observed data of 'y' contain NaN"),
     (_minibatch_without_total_size, pymc_gpf.ModelNotSupportedError, "no total_size.*'y'"),
     (_wall, pymc_gpf.InitialPointError, r"cannot start.*not finite for \['wall'\]"),
+    (_wall_off_start, pymc_gpf.InitialPointError, r"initial point.*\['wall'\].*`start`"),
 ]
 
 

@@ -224,9 +224,21 @@ def test_callbacks_tracker_convergence_stop_and_interrupt(regression_model):
         assert approx.sample(5, random_seed=1)["posterior"].sizes["draw"] == 5
 
 
-def test_progressbar_runs(regression_model, capsys):
-    approx = pm.fit(25, method="gpf", model=regression_model)
-    assert 0 < len(approx.hist) <= 25
+def test_progressbar_shows_steps_and_the_outcome(regression_model, capsys):
+    """An automatic fit's line: the steps done (no percentage of the step cap), the distance
+    to tol and how it ended, within 120 columns in a log; a fixed-step fit also has its bar.
+    refine() follows the fit's progressbar=False."""
+    approx = pm.fit(method="gpf", model=regression_model, random_seed=1)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    last = lines[-1]
+    assert f"step {len(approx.hist)}" in last and "%" not in last
+    assert "(tol 0.03)" in last and last.rstrip().endswith("; converged")
+    assert max(len(line) for line in lines) <= 120
+    pm.fit(25, method="gpf", model=regression_model, learning_rate=0.01)
+    assert "100%" in capsys.readouterr().out
+    quiet = pm.fit(method="gpf", model=regression_model, progressbar=False, random_seed=1)
+    quiet.inference.refine(5)
+    assert capsys.readouterr().out == ""
 
 
 def test_c_backend_gives_the_same_numbers(regression_model):

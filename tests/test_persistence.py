@@ -135,6 +135,45 @@ def test_learnt_hyperparameters_are_restored(tmp_path, learning_rate, steps):
         pymc_gpf.load(path, model=other)
 
 
+def test_damaged_or_foreign_files_raise_one_error_and_never_load_a_wrong_state(
+    tmp_path, regression_data
+):
+    """Byte flips anywhere in a saved file, a truncated file and files that are not
+    checkpoints: each load raises CheckpointError or restores exactly the saved state (a
+    flip in bytes the file does not use); a changed value is caught by the checksum."""
+    approx = _fit(regression(*regression_data), 5, *CASES[0])
+    path = approx.save(tmp_path / "fit.nc")
+    saved = {k: np.array(v.get_value()) for k, v in approx.inference.state_vars.items()}
+    data = path.read_bytes()
+    rng = np.random.default_rng(0)
+    outcomes = {"error": 0, "same": 0}
+    for i, position in enumerate(rng.integers(0, len(data), 60)):
+        damaged = bytearray(data)
+        damaged[position] ^= 1 << int(rng.integers(8))
+        bad = tmp_path / f"flip{i}.nc"
+        bad.write_bytes(bytes(damaged))
+        try:
+            loaded = pymc_gpf.load(bad, model=regression(*regression_data))
+        except pymc_gpf.CheckpointError:
+            outcomes["error"] += 1
+            continue
+        for key, var in loaded.inference.state_vars.items():
+            np.testing.assert_array_equal(var.get_value(), saved[key])
+        np.testing.assert_array_equal(loaded.hist, approx.hist)
+        outcomes["same"] += 1
+    assert outcomes["error"] > 0
+    (tmp_path / "short.nc").write_bytes(data[: len(data) // 2])
+    (tmp_path / "text.nc").write_text("not a checkpoint")
+    approx.sample(5).to_netcdf(tmp_path / "draws.nc", engine="h5netcdf")
+    changed = approx.to_datatree()
+    node = changed["checkpoint"]
+    node["gpf_particles"] = node["gpf_particles"] + 1e-12  # one state array changed
+    for source in ["short.nc", "text.nc", "draws.nc", changed]:
+        source = tmp_path / source if isinstance(source, str) else source
+        with pytest.raises(pymc_gpf.CheckpointError, match=r"not a pymc-gpf checkpoint|corrupted"):
+            pymc_gpf.load(source, model=regression(*regression_data))
+
+
 def test_clear_errors(tmp_path, regression_model, regression_data):
     approx = _fit(regression(*regression_data), 5, *CASES[0])
     path = approx.save(tmp_path / "fit.nc")
@@ -143,11 +182,12 @@ def test_clear_errors(tmp_path, regression_model, regression_data):
         pm.Normal("slope", 0, 5)
     with pytest.raises(ValueError, match=r"coordinates \['intercept', 'slope', 'sigma_log__'\]"):
         pymc_gpf.load(path, model=other)
-    with pytest.raises(ValueError, match=r"no .checkpoint. group.*approx\.save"):
+    with pytest.raises(pymc_gpf.CheckpointError, match=r"no .checkpoint. group.*approx\.save"):
         pymc_gpf.load(approx.sample(5), model=regression_model)
     old = approx.to_datatree()
     old["checkpoint"].attrs["format"] = 1  # written by pymc-gpf 0.1
-    with pytest.raises(ValueError, match="format 1; this version of pymc-gpf reads format 2"):
+    reads = "format 1; this version of pymc-gpf reads format 3"
+    with pytest.raises(pymc_gpf.CheckpointError, match=reads):
         pymc_gpf.load(old, model=regression_model)
     with pytest.raises(ValueError, match="Nothing to save yet: fit first"):
         pymc_gpf.GPF(4, model=regression_model).approx.save(tmp_path / "empty.nc")

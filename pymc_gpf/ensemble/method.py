@@ -110,13 +110,15 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
     def sample(self, draws: int | None = None, *, include_transformed: bool | None = None,
                return_inferencedata: bool = True, **kwargs):  # fmt: skip
         """The collected draws as an ArviZ DataTree, ``chain`` = particle: all of them, or
-        ``draws`` per chain evenly spaced over the trajectory. (``random_seed`` and the
-        PSIS options of the other methods do not apply: nothing is drawn anew.)"""
+        ``draws`` in total as the other methods' (``⌈draws / chains⌉`` per chain, at least
+        one, evenly spaced over the trajectory). (``random_seed`` and the PSIS options of the
+        other methods do not apply: nothing is drawn anew.)"""
         flat = self.draws
         if draws is not None:
             if not is_integer(draws, 1):
                 raise ValueError(f"draws must be a positive integer, got {draws!r}.")
-            keep = np.unique(np.linspace(0, flat.shape[1] - 1, draws).round().astype(int))
+            per_chain = -(-int(draws) // flat.shape[0])
+            keep = np.unique(np.linspace(0, flat.shape[1] - 1, per_chain).round().astype(int))
             flat = flat[:, keep]
         if include_transformed is None:
             options = self.inference.fit_options

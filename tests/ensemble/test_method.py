@@ -91,8 +91,9 @@ def test_the_preconditioned_scheme_has_the_stationary_covariance_of_the_formula(
 
 
 def test_the_draws_are_chains_for_arviz(langevin):
+    """sample(draws) is draws in total, as for the other methods: 2000 = 20 chains x 100."""
     _, approx = langevin
-    tree = approx.sample(100)
+    tree = approx.sample(2000)
     x = tree.posterior["x"]
     assert x.sizes["chain"] == 20 and x.sizes["draw"] == 100
     rhat = array_stats.rhat(np.moveaxis(x.values, -1, 0), chain_axis=-2, draw_axis=-1)
