@@ -177,6 +177,20 @@ def test_a_wall_in_the_density_stalls_the_line_search():
     assert approx.inference._stages.stall_restarts == 1
 
 
+def test_a_fresh_cloud_that_would_cross_a_wall_is_not_taken():
+    """N(0, I) in 2-D cut at x[0] < 0.5, started at x = (2, 0): the stalled cloud's fresh
+    restart (and any larger cloud) would put particles where the density is zero; the fit
+    keeps its cloud and ends stalled, with the warning, instead of a divergence error."""
+    with pm.Model() as model:
+        x = pm.Normal("x", 0, 1, shape=2)
+        pm.Potential("wall", pt.switch(x[0] > 0.5, 0.0, -np.inf))
+    with pytest.warns(pymc_gpf.FitWarning, match="GPF did not converge: stalled"):
+        approx = pm.fit(method="gpf", model=model, start={"x": np.array([2.0, 0.0])},
+                        random_seed=1, progressbar=False)  # fmt: skip
+    assert approx.outcome.reason == "stalled"
+    assert np.all(np.isfinite(approx.log_density(approx.particles)))
+
+
 def test_the_step_limit_is_not_converged(normal_model):
     with pytest.warns(pymc_gpf.FitWarning, match="GF did not converge: reached the maximum"):
         approx = pm.fit(5, method="gf", model=normal_model, random_seed=1, progressbar=False)

@@ -242,8 +242,8 @@ class GPF(FlowInference):
                 return reason
             # a fresh cloud of the same Gaussian: a degenerate or unlucky one can stall
             self._stages.stall_restarts += 1
-            n = len(self.approx.particles)
-            self._auto.restart(restart_cloud(self.approx.particles, n, self._method_rng))
+            if not self._restart_cloud(len(self.approx.particles)):
+                return reason
             self.control.restart()
             return None
         if reason != "converged":
@@ -255,8 +255,7 @@ class GPF(FlowInference):
         self.density_evaluations += BIAS_DRAWS
         if decision != "double":
             return reason if decision == "unbiased" else decision
-        self._grow(step_count, {})
-        return None
+        return None if self._grow(step_count, {}) else "biased"
 
     def _hyper_points(self, rng: np.random.Generator, draws: int) -> tuple[np.ndarray, bool]:
         if self.target.minibatch:  # each batch of draws its own minibatch: a noise estimate
@@ -278,11 +277,24 @@ class GPF(FlowInference):
         n = len(self.approx.particles)
         if not (self.config.auto_particles and can_double(n, self.target.ndim)):
             return False
+        cloud = restart_cloud(self.approx.particles, 2 * n, self._method_rng)
+        if not np.all(np.isfinite(self.approx.log_density(cloud))):
+            return False  # the Gaussian reaches where the density is zero: keep this cloud
         self._stages.begin(n)
         self._stages.stages[-1] |= why
-        self._auto.restart(restart_cloud(self.approx.particles, 2 * n, self._method_rng))
+        self._auto.restart(cloud)
         self.control.restart()
         self._stages.restart(step_count, 2 * n)
+        return True
+
+    def _restart_cloud(self, n: int) -> bool:
+        """Restart from a fresh cloud of ``n`` particles of the same Gaussian, unless one of
+        them falls where the log-density is not finite (a hard boundary the particles
+        approach): then the fit keeps its cloud."""
+        cloud = restart_cloud(self.approx.particles, n, self._method_rng)
+        if not np.all(np.isfinite(self.approx.log_density(cloud))):
+            return False
+        self._auto.restart(cloud)
         return True
 
     def _describe(self, reason: str) -> str:
