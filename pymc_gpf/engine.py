@@ -191,9 +191,8 @@ class FlowInference(Inference):
         )
         self.fit_options = options
         self.control = self._control(options)
-        if options.auto and options.more_obj_params:
-            self.hyper = HyperSearch(options.tol)
-            self._hyper_fn = None
+        self.hyper = HyperSearch(options.tol) if options.auto and options.more_obj_params else None
+        self._hyper_fn = None
 
     def refine(self, n: int, progressbar: bool | None = None,
                progressbar_theme=default_progress_theme, *, learning_rate=None,
@@ -219,6 +218,8 @@ class FlowInference(Inference):
         if tol is not None:
             self.fit_options = replace(self.fit_options, tol=positive("tol", tol))
             self.control.tol = self.fit_options.tol
+            if self.hyper is not None:
+                self.hyper.tol = self.fit_options.tol
         if progressbar is None:
             progressbar = self._progressbar
         self._run(int(n), progressbar, progressbar_theme)
@@ -252,10 +253,17 @@ class FlowInference(Inference):
         if stop != "converged" or self.hyper is None:
             return stop
         params = self.fit_options.more_obj_params
-        move = self.hyper.propose(*self._hyper_moments(step))
+        gradient, curvature, noise = self._hyper_moments(step)
+        if not (np.all(np.isfinite(gradient)) and np.all(np.isfinite(curvature))):
+            # log p is not finite at some of q's points: θ has no gradient there
+            self.hyper.stuck = True
+            return "stalled"
+        move = self.hyper.propose(gradient, curvature, noise)
         if move is None:
             return "converged"
-        set_flat_values(params, flat_values(params) + move)
+        before = flat_values(params)
+        set_flat_values(params, before + move)
+        self.hyper.step_taken = flat_values(params) - before  # as applied (e.g. float32)
         self._hyperparameters_moved()
         return None
 
@@ -303,6 +311,11 @@ class FlowInference(Inference):
 
     def end_message(self, reason: str) -> str:
         """How the fit ended, in words (the hyperparameters' test included)."""
+        if self.hyper is not None and self.hyper.stuck and reason == "stalled":
+            return (
+                "stalled: the hyperparameters' gradient is not finite at q's points (log p is "
+                "not finite at some of them), so they stay where they are; q had converged"
+            )
         message = self._describe(reason)
         if reason == "converged" and self.hyper is not None:
             message += f"; {self.hyper.describe()}"

@@ -69,7 +69,8 @@ def compile_hyper_moments(
     flat = pt.concatenate([pt.flatten(-g) for g in grads])
     columns = pytensor.gradient.jacobian(flat, list(params))
     hessian = pt.concatenate([pt.reshape(c, (flat.shape[0], -1)) for c in columns], axis=1)
-    return compile_function([points], [flat, hessian], backend, kwargs)
+    # random_seed=False: the minibatch generators are the fit's and continue across compiles
+    return compile_function([points], [flat, hessian], backend, kwargs, random_seed=False)
 
 
 class HyperSearch(Saved):
@@ -84,6 +85,9 @@ class HyperSearch(Saved):
         self.decrement = float("inf")
         self.noise = 0.0
         self.steps = 0
+        self._damped = False  # the last BFGS update was damped (Powell)
+        self.stopped_by_noise = False
+        self.stuck = False  # θ's gradient was not finite at q's points
 
     def assess(
         self, gradient: np.ndarray, curvature: np.ndarray, noise: np.ndarray | None = None
@@ -114,10 +118,15 @@ class HyperSearch(Saved):
         decrement, spread = self.assess(gradient, curvature, noise)
         self.hessian = self._updated(gradient, np.asarray(curvature, dtype=float))
         close = decrement < self.tol**2
-        final = close and (decrement < self.tol**4 or self.decrement < self.tol**2)
+        # after a damped update B has not learnt the curvature along the last step, so its
+        # decrement may understate the distance: one more step, not the final stop
+        final = close and (
+            decrement < self.tol**4 or (self.decrement < self.tol**2 and not self._damped)
+        )
         self.decrement, self.noise = decrement, spread
         self.gradient = np.array(gradient, dtype=float)
-        if final or (not close and decrement < NOISE_FACTOR * spread):
+        self.stopped_by_noise = not final and not close and decrement < NOISE_FACTOR * spread
+        if final or self.stopped_by_noise:
             self.step_taken = None
             return None
         step = -np.linalg.solve(self.hessian, gradient)
@@ -135,20 +144,32 @@ class HyperSearch(Saved):
             return _positive_definite(curvature)
         s, y = self.step_taken, gradient - self.gradient
         b = self.hessian
-        bs = b @ s
-        sbs = float(s @ bs)
+        sbs = float(s @ b @ s)
         sy = float(s @ y)
         if sbs <= 0:
             return b
+        if self.steps == 1 and sy > 0:
+            # Shanno-Phua: the fixed-q curvature bounds F*'s from above, by an unknown
+            # factor; rescale it to the first secant pair, so damping stays the exception
+            b = b * (sy / sbs)
+            sbs = sy
+        bs = b @ s
         theta = 1.0 if sy >= 0.2 * sbs else 0.8 * sbs / (sbs - sy)
+        self._damped = theta < 1.0
         r = theta * y + (1.0 - theta) * bs
         return b - np.outer(bs, bs) / sbs + np.outer(r, r) / float(s @ r)
 
     def describe(self) -> str:
-        noise = f" (or within {NOISE_FACTOR:g} times its noise, {self.noise:.2g})"
+        if self.stopped_by_noise:
+            return (
+                f"the hyperparameters' Newton decrement, {self.decrement:.2g}, is within "
+                f"{NOISE_FACTOR:g} times its Monte Carlo noise ({self.noise:.2g}) with the most "
+                f"draws, after {self.steps} steps of theirs"
+            )
         return (
             f"the hyperparameters' Newton decrement is {self.decrement:.2g} < tol^2 = "
-            f"{self.tol**2:.3g}{noise if self.noise else ''} after {self.steps} steps of theirs"
+            f"{self.tol**2:.3g} after {self.steps} steps of theirs, the last a Newton step "
+            "from within tol"
         )
 
 

@@ -222,6 +222,8 @@ def _record(inference, result: LoopResult, n: int) -> None:
     sizes = np.concatenate([inference.step_sizes, result.step_sizes])
     if result.rolled_back and len(hist):
         hist, sizes = hist[:-1], sizes[:-1]
+        if inference.hyper_trace:  # θ's entry of the dropped step goes too
+            inference.hyper_trace.pop()
     inference.hist, inference.step_sizes = hist, sizes
     inference.state = inference.state._replace(i=len(hist))
     if result.failure is None:

@@ -91,6 +91,8 @@ def _checkpoint(inference: FlowInference) -> xr.Dataset:
         "step": int(inference.state.i),
         "random_seed": _json(seed if isinstance(seed, int | list | None) else None, "seed"),
         "noise_rng": _json(inference.noise_rng.get_value().bit_generator.state, "rng state"),
+        # the root of the verdict's and the hyperparameters' draws (seeded per step)
+        "check_root": _json([inference._check_root[0], list(inference._check_root[1])], "seed"),
         "flat_coordinates": _json(inference.target.labels, "labels"),
         "data_rngs": _json(inference.target.data_rng_states(), "minibatch rng state"),
         "control": _json(inference.control.state(), "the step-size controller's state"),
@@ -300,6 +302,8 @@ def load(
     inference.gradient_evaluations, inference.density_evaluations = json.loads(attrs["evaluations"])
     inference.state = State(int(attrs["step"]), step=inference.step, callbacks=[], score=True)
     inference.random_seed = json.loads(attrs["random_seed"])
+    entropy, key = json.loads(attrs["check_root"])
+    inference._check_root = (entropy, tuple(key))
     rng = np.random.default_rng()
     rng.bit_generator.state = json.loads(attrs["noise_rng"])
     inference.noise_rng.set_value(rng, borrow=True)

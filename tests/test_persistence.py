@@ -96,11 +96,15 @@ def _hierarchy(y):
     return model, log_sigma
 
 
-@pytest.mark.parametrize("learning_rate,steps", [(0.01, (40, 20)), ("auto", (30, 15))])
-def test_learnt_hyperparameters_are_restored(tmp_path, learning_rate, steps):
+@pytest.mark.parametrize(
+    "method,learning_rate,steps",
+    [("gpf", 0.01, (40, 20)), ("gpf", "auto", (30, 15)), ("gf", "auto", (200, 100))],
+)
+def test_learnt_hyperparameters_are_restored(tmp_path, method, learning_rate, steps):
     """more_obj_params (type-II ML of log_sigma, as tests/test_contract.py): the loaded fit
     writes the learnt value into the new model's shared variable and continues exactly, at a
-    fixed step and at the automatic one (whose θ search, pymc_gpf.hyper, is saved too)."""
+    fixed step and at the automatic one (whose θ search, pymc_gpf.hyper, is saved too, and
+    for GF the random stream of the draws θ's gradient averages over)."""
     y = np.random.default_rng(4).normal(0, np.sqrt(5.0), 20)
     fits = []
     for n in steps:
@@ -108,7 +112,7 @@ def test_learnt_hyperparameters_are_restored(tmp_path, learning_rate, steps):
         fits.append(
             pm.fit(
                 n,
-                method="gpf",
+                method=method,
                 model=model,
                 random_seed=6,
                 inf_kwargs={"natural_mean": True},
