@@ -298,7 +298,12 @@ def _full_data_logp(
 ) -> tuple[Variable, Variable]:
     """The log-density of ``model`` with ``pm.Minibatch`` data replaced by the whole data set
     (``total_size`` scaling then 1), as a graph of a new flat input: ``(logp, flat)``."""
-    fgraph, _ = fgraph_from_model(model)
+    fgraph, _ = fgraph_from_model(model)  # a copy: the user's model is not touched
+    for node in list(fgraph.apply_nodes):
+        if isinstance(node.op, MinibatchRandomVariable):
+            # total_size scaling is 1 on the whole data set; and PyMC's make_node cannot
+            # rebuild a node whose total_size has a None entry, so it goes first, in place
+            fgraph.replace(node.outputs[0], node.inputs[0], import_missing=True)
     replace = {}
     for node in fgraph.apply_nodes:
         if isinstance(node.op, MinibatchOp):

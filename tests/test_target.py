@@ -121,21 +121,34 @@ def test_constrained_values_and_deterministics(simplex_model):
     np.testing.assert_allclose(values["spread"], values["scale"][:, None] * values["p"])
 
 
-def test_the_full_data_log_density_of_a_minibatched_categorical_model():
-    """pm.Categorical's log-density states the minibatch's length in a shape check; the
-    full-data log-density (the verdict's, diagnose's) drops it and equals the log-density
-    of the same model on the whole data set."""
+def _categorical(x_data, y_data, total_size=None):
+    with pm.Model() as m:
+        w = pm.Normal("w", 0, 1, shape=(4, 3))
+        pm.Categorical("y", logit_p=x_data @ w, observed=y_data, total_size=total_size)
+    return m
+
+
+def _matrix_normal(x_data, y_data, total_size=None):
+    # a 2-D observation: total_size (300, None), whose None PyMC cannot rebuild
+    with pm.Model() as m:
+        w = pm.Normal("w", 0, 1, shape=(4, 3))
+        pm.Normal("y", x_data @ w, 1.0, observed=y_data, total_size=total_size)
+    return m
+
+
+@pytest.mark.parametrize("build", [_categorical, _matrix_normal])
+def test_the_full_data_log_density_of_a_minibatched_model(build):
+    """pm.Categorical's log-density states the minibatch's length in a shape check, and a
+    2-D observation's total_size has a None; the full-data log-density (the verdict's,
+    diagnose's) equals the log-density of the same model on the whole data set."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(300, 4))
-    y = rng.integers(0, 3, 300).astype("int32")
+    if build is _categorical:
+        y = rng.integers(0, 3, 300).astype("int32")
+    else:
+        y = rng.normal(size=(300, 3))
 
-    def model(x_data, y_data, total_size=None):
-        with pm.Model() as m:
-            w = pm.Normal("w", 0, 1, shape=(4, 3))
-            pm.Categorical("y", logit_p=x_data @ w, observed=y_data, total_size=total_size)
-        return m
-
-    minibatched = BatchedTarget(model(*pm.Minibatch(x, y, batch_size=32), total_size=300))
+    minibatched = BatchedTarget(build(*pm.Minibatch(x, y, batch_size=32), total_size=300))
     points = rng.normal(size=(3, 12))
-    full = BatchedTarget(model(x, y)).compile_logp()(points)
+    full = BatchedTarget(build(x, y)).compile_logp()(points)
     np.testing.assert_allclose(minibatched.compile_logp(full_data=True)(points), full, rtol=1e-12)
