@@ -59,10 +59,11 @@ class EnsembleConfig(MethodConfig):
 
     @property
     def resolved_init(self) -> str:
-        """``"auto"`` is ``"initial_point"``: particles spread around one point reach every
-        mode near it, so that chains stuck in different modes show in R-hat (started at
-        draws of a Gaussian fit, ``"gaussian"``, they burn in faster but all sit in its
-        mode)."""
+        """The start before the Gaussian fit is seen: ``"auto"`` resolves to
+        ``"initial_point"`` here, and the method starts from the fit's draws instead when
+        that fit's verdict is trustworthy (one mode the shape of a Gaussian; chains started
+        around one point reach every mode near it, so that chains stuck in different modes
+        show in R-hat)."""
         return "initial_point" if self.init == "auto" else self.init
 
     @property

@@ -202,11 +202,14 @@ class Ensemble(FlowInference):
         The RBF kernel's ``h`` in ``exp(-|x - y|^2 / (2 h))``: ``"median"`` (default, the
         median heuristic recomputed every step) or a positive number.
     init, init_scale
-        Where the particles start: ``"auto"`` (default) or ``"initial_point"``, the model's
-        initial point plus ``init_scale`` times standard normal noise (default 1);
-        ``"map"``, the MAP plus that noise; ``"gaussian"``, draws of a Gaussian fit (GF at
-        its defaults) with twice its sds: a shorter burn-in, but every chain then starts
-        in that fit's mode, so other modes go unseen.
+        Where the particles start: ``"initial_point"``, the model's initial point plus
+        ``init_scale`` times standard normal noise (default 1); ``"map"``, the MAP plus that
+        noise; ``"gaussian"``, draws of a Gaussian fit (GF at its defaults) with twice its
+        sds: a short burn-in, but every chain starts in that fit's mode, so other modes go
+        unseen; ``"auto"`` (default), the Langevin kinds on the whole data set: the Gaussian
+        fit's draws where its verdict is trustworthy (the posterior is one Gaussian-shaped
+        mode: no other mode to miss), else the initial point; the deep kind and minibatch
+        fits: the initial point.
     thin, target_ess
         Keep every ``thin``-th state as a draw; the Langevin kinds stop once the draws'
         smallest bulk and tail ESS reach ``target_ess`` (default 400) with R-hat within
@@ -268,13 +271,21 @@ class Ensemble(FlowInference):
     def _initialise(self) -> EnsembleApproximation:
         config, target = self.config, self.target
         self.start_fit: dict = {}
+        self._start_q: GaussianQ | None = None
         self._start_preconditioner = False
-        if config.resolved_init == "gaussian":
+        self._init_used = config.resolved_init
+        automatic = config.init == "auto" and self._fits_a_gaussian_first()
+        if config.resolved_init == "gaussian" or automatic:
             dense = flow.factor_rows(config.n_particles, target.ndim) == target.ndim
             q, self.start_fit = gaussian_start(
-                target.model, self._start, self._init_rng, "full" if dense else "diagonal"
-            )
-            if q is not None:
+                target.model, self._start, self._init_rng, "full" if dense else "diagonal",
+                check=automatic,
+            )  # fmt: skip
+            self._start_q = q
+            # "auto": from the fit's draws only where its verdict says q is the posterior's
+            # shape (one mode); elsewhere from the initial point, so other modes still show
+            trusted = config.init == "gaussian" or self.start_fit.get("verdict") == TRUSTWORTHY
+            if q is not None and trusted:
                 # overdispersed starts (Gelman & Rubin): chains that begin in other modes
                 # stay there and show in R-hat, rather than all starting in q's
                 spread = q.sample(config.n_particles, self._init_rng) - q.mean
@@ -282,13 +293,20 @@ class Ensemble(FlowInference):
                 approx = EnsembleApproximation(self, particles)
                 approx.preconditioner(start_preconditioner(q, config.n_particles))
                 self._start_preconditioner = True
+                self._init_used = "gaussian"
                 return approx
-        init = "initial_point" if config.resolved_init == "gaussian" else config.resolved_init
-        centre = initial_centre(target, self._start, init, self._init_rng)
+            self._init_used = "initial_point"
+        centre = initial_centre(target, self._start, self._init_used, self._init_rng)
         noise = self._init_rng.standard_normal((config.n_particles, target.ndim))
         return EnsembleApproximation(
             self, (centre + config.init_scale * noise).astype(target.dtype)
         )
+
+    def _fits_a_gaussian_first(self) -> bool:
+        """Whether the Langevin kinds run a Gaussian fit before their first step (for their
+        preconditioner and, with ``init="auto"``, their start): on the whole data set."""
+        config = self.config
+        return config.kind != "deep" and config.precondition and not self.target.minibatch
 
     def _build_step(self, options: FitOptions) -> StepGraph:
         config, state = self.config, self.approx.state
@@ -316,7 +334,7 @@ class Ensemble(FlowInference):
         auto = options.auto
         # before the first curvature: a step a tenth of the initial spread's variance (in
         # the metric of a Gaussian fit's covariance, a tenth)
-        spread = 1.0 if self.config.resolved_init == "gaussian" else self.config.init_scale**2
+        spread = 1.0 if self._init_used == "gaussian" else self.config.init_scale**2
         rate = 0.1 * spread if auto else options.learning_rate[0]
         return SamplingControl(
             options.tol,
@@ -342,14 +360,16 @@ class Ensemble(FlowInference):
         covariance, re-estimated during burn-in, as without a fit)."""
         if self._start_preconditioner and isinstance(self.control, SamplingControl):
             self.control.reestimate = False  # started from a Gaussian fit's draws
-        if not self._preconditioned(options) or self.start_fit or self.config.kind == "deep":
+        if not self._preconditioned(options) or self._start_preconditioner:
             return
-        if self.target.minibatch:  # SGLD: a noisy GF would cost more than it saves
+        if not self._fits_a_gaussian_first():  # minibatches: a noisy GF costs more than it saves
             return
-        dense = flow.factor_rows(self.config.n_particles, self.target.ndim) == self.target.ndim
-        q, self.start_fit = gaussian_start(
-            self.model, self._start, self._method_rng, structure="full" if dense else "diagonal"
-        )
+        q = self._start_q
+        if q is None and not self.start_fit:
+            dense = flow.factor_rows(self.config.n_particles, self.target.ndim) == self.target.ndim
+            q, self.start_fit = gaussian_start(
+                self.model, self._start, self._method_rng, "full" if dense else "diagonal"
+            )
         if q is not None:
             self.approx.preconditioner(start_preconditioner(q, self.config.n_particles))
             self.control.reestimate = False
@@ -378,7 +398,7 @@ START_STEPS = 2000  # the most steps of the Gaussian fit (it converges in tens t
 
 
 def gaussian_start(
-    model, start, rng: np.random.Generator, structure: str = "full"
+    model, start, rng: np.random.Generator, structure: str = "full", check: bool = False
 ) -> tuple[GaussianQ | None, dict]:
     """A Gaussian fit (GF at its defaults, no verdict, at most :data:`START_STEPS` steps) to
     precondition the chains by (and with ``init="gaussian"`` to start them from): ``(q,
@@ -390,7 +410,7 @@ def gaussian_start(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FitWarning)
-            approx = gf.fit(START_STEPS, progressbar=False, check_draws=0)
+            approx = gf.fit(START_STEPS, progressbar=False, **({} if check else {"check_draws": 0}))
     except (FloatingPointError, ValueError) as err:
         return None, {"fit": "gf", "error": str(err)[:200]}
     q = approx.gaussian()
@@ -399,7 +419,7 @@ def gaussian_start(
         "converged": bool(approx.outcome.converged),
         "steps": len(approx.hist),
         "gradient_evaluations": int(gf.gradient_evaluations),
-    }
+    } | ({"verdict": approx.outcome.verdict} if check else {})
     if not (np.all(np.isfinite(q.mean)) and np.all(np.isfinite(q.marginal_variances()))):
         return None, info | {"error": "not finite"}
     return q, info
