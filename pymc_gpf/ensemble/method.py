@@ -207,9 +207,11 @@ class Ensemble(FlowInference):
         noise; ``"gaussian"``, draws of a Gaussian fit (GF at its defaults) with twice its
         sds: a short burn-in, but every chain starts in that fit's mode, so other modes go
         unseen; ``"auto"`` (default), the Langevin kinds on the whole data set: the Gaussian
-        fit's draws where its verdict is trustworthy (the posterior is one Gaussian-shaped
-        mode: no other mode to miss), else the initial point; the deep kind and minibatch
-        fits: the initial point.
+        fit's draws, preconditioned by its covariance, where its verdict is trustworthy (the
+        posterior is one Gaussian-shaped mode: no other mode to miss); else the initial
+        point, preconditioned by the ensemble's own covariance (re-estimated during
+        burn-in: the fit's is not the posterior's); the deep kind and minibatch fits: the
+        initial point.
     thin, target_ess
         Keep every ``thin``-th state as a draw; the Langevin kinds stop once the draws'
         smallest bulk and tail ESS reach ``target_ess`` (default 400) with R-hat within
@@ -363,6 +365,10 @@ class Ensemble(FlowInference):
         if not self._preconditioned(options) or self._start_preconditioner:
             return
         if not self._fits_a_gaussian_first():  # minibatches: a noisy GF costs more than it saves
+            return
+        if self.config.init == "auto" and self.start_fit:
+            # the fit's verdict was not trustworthy: its covariance is not the posterior's
+            # either, so the ensemble estimates its own during burn-in (as on minibatches)
             return
         q = self._start_q
         if q is None and not self.start_fit:
