@@ -59,11 +59,10 @@ class EnsembleConfig(MethodConfig):
 
     @property
     def resolved_init(self) -> str:
-        """The start before the Gaussian fit is seen: ``"auto"`` resolves to
-        ``"initial_point"`` here, and the method starts from the fit's draws instead when
-        that fit's verdict is trustworthy (one mode the shape of a Gaussian; chains started
-        around one point reach every mode near it, so that chains stuck in different modes
-        show in R-hat)."""
+        """``"auto"`` is ``"initial_point"``: particles spread around one point reach every
+        mode near it, so that chains stuck in different modes show in R-hat (started at
+        draws of a Gaussian fit, ``"gaussian"``, they burn in faster but all sit in its
+        mode, and a mode q never visits is invisible to its own importance check)."""
         return "initial_point" if self.init == "auto" else self.init
 
     @property

@@ -206,12 +206,10 @@ class Ensemble(FlowInference):
         ``init_scale`` times standard normal noise (default 1); ``"map"``, the MAP plus that
         noise; ``"gaussian"``, draws of a Gaussian fit (GF at its defaults) with twice its
         sds: a short burn-in, but every chain starts in that fit's mode, so other modes go
-        unseen; ``"auto"`` (default), the Langevin kinds on the whole data set: the Gaussian
-        fit's draws, preconditioned by its covariance, where its verdict is trustworthy (the
-        posterior is one Gaussian-shaped mode: no other mode to miss); else the initial
-        point, preconditioned by the ensemble's own covariance (re-estimated during
-        burn-in: the fit's is not the posterior's); the deep kind and minibatch fits: the
-        initial point.
+        unseen; ``"auto"`` (default): the initial point, so that chains reaching different
+        modes show in R-hat, preconditioned (Langevin kinds, whole data set) by the Gaussian
+        fit's covariance where that fit's verdict is trustworthy, else by the ensemble's own
+        covariance, re-estimated during burn-in (the fit's is not the posterior's).
     thin, target_ess
         Keep every ``thin``-th state as a draw; the Langevin kinds stop once the draws'
         smallest bulk and tail ESS reach ``target_ess`` (default 400) with R-hat within
@@ -283,11 +281,11 @@ class Ensemble(FlowInference):
                 target.model, self._start, self._init_rng, "full" if dense else "diagonal",
                 check=automatic,
             )  # fmt: skip
+            # "auto" starts at the initial point even where the fit is trustworthy: a mode q
+            # never visits is invisible to its importance check (a mixture's mirror mode),
+            # and chains started in q's mode would never find it
             self._start_q = q
-            # "auto": from the fit's draws only where its verdict says q is the posterior's
-            # shape (one mode); elsewhere from the initial point, so other modes still show
-            trusted = config.init == "gaussian" or self.start_fit.get("verdict") == TRUSTWORTHY
-            if q is not None and trusted:
+            if q is not None and config.init == "gaussian":
                 # overdispersed starts (Gelman & Rubin): chains that begin in other modes
                 # stay there and show in R-hat, rather than all starting in q's
                 spread = q.sample(config.n_particles, self._init_rng) - q.mean
@@ -366,7 +364,7 @@ class Ensemble(FlowInference):
             return
         if not self._fits_a_gaussian_first():  # minibatches: a noisy GF costs more than it saves
             return
-        if self.config.init == "auto" and self.start_fit:
+        if self.config.init == "auto" and self.start_fit.get("verdict") != TRUSTWORTHY:
             # the fit's verdict was not trustworthy: its covariance is not the posterior's
             # either, so the ensemble estimates its own during burn-in (as on minibatches)
             return
