@@ -129,6 +129,10 @@ class Control(Saved):
     def describe(self, reason: str) -> str:
         return REASONS.get(reason, reason)
 
+    def progress(self) -> str:
+        """Where the stop test stands, for the progress line (``""``: nothing to add)."""
+        return ""
+
     def conclude(self, reason: str) -> str:
         """The reason the fit ends with, given the loop's (e.g. a last test at the step
         limit)."""
@@ -374,6 +378,16 @@ class Stochastic(Control):
 
     def _average_error(self) -> float:
         return self._average.error(self.correlation_time, self._scale)
+
+    def progress(self) -> str:
+        if self.tol is None:
+            return ""
+        if not self.averaging:
+            return f"plateau test on windows of {self.window_length} steps"
+        error = self._average_error()
+        if not math.isfinite(error):
+            return "averaging"
+        return f"averaging, error {error:.2g} (tol {self.tol:g})"
 
     def _new_rate(self, rate: float) -> None:
         self.rate = rate

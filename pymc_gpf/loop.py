@@ -157,8 +157,9 @@ def run(inference, n: int, progressbar: bool, theme) -> None:
     def describe(free_energy: float, info: dict[str, float], stop: str) -> str:
         why = inference.control.describe(stop) if stop else ""
         return progress_text(
-            free_energy, info, inference.fit_options, why, float(rate.get_value()[0])
-        )
+            free_energy, info, inference.fit_options, why, float(rate.get_value()[0]),
+            inference.control.progress(),
+        )  # fmt: skip
 
     result = run_steps(
         inference.state.step,
@@ -248,10 +249,12 @@ def fit_outcome(reason: str, n: int, steps: int, options: FitOptions, message: s
 
 
 def progress_text(
-    free_energy: float, info: dict[str, float], options: FitOptions, stop: str, rate: float
-) -> str:
+    free_energy: float, info: dict[str, float], options: FitOptions, stop: str, rate: float,
+    stage: str = "",
+) -> str:  # fmt: skip
     """The progress bar's text: free energy, step size, distance to the fixed point (in the
-    units of ``tol``), and how the fit ended."""
+    units of ``tol``) or the controller's ``stage`` of its stop test, and how the fit
+    ended."""
     text = f"F = {float(free_energy):,.6g}"
     if "step_size" in info:
         text += f", step size {info['step_size']:.2g}"
@@ -260,4 +263,6 @@ def progress_text(
     if "decrement" in info and options.tol:
         distance = math.sqrt(max(info["decrement"], 0.0))
         text += f", distance {distance:.2g} (tol {options.tol:g})"
+    elif stage:
+        text += f", {stage}"
     return f"{text}; {stop.split(':')[0]}" if stop else text

@@ -236,6 +236,10 @@ def test_progressbar_shows_steps_and_the_outcome(regression_model, capsys):
     assert max(len(line) for line in lines) <= 120
     pm.fit(25, method="gpf", model=regression_model, learning_rate=0.01)
     assert "100%" in capsys.readouterr().out
+    stochastic = pm.fit(method="wvgd", model=regression_model, random_seed=1)
+    last = [line for line in capsys.readouterr().out.splitlines() if line.strip()][-1]
+    assert f"step {len(stochastic.hist)}" in last and "%" not in last
+    assert "plateau test on windows" in last or "averaging" in last  # where its test stands
     quiet = pm.fit(method="gpf", model=regression_model, progressbar=False, random_seed=1)
     quiet.inference.refine(5)
     assert capsys.readouterr().out == ""
