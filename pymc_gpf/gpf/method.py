@@ -277,12 +277,10 @@ class GPF(FlowInference):
         n = len(self.approx.particles)
         if not (self.config.auto_particles and can_double(n, self.target.ndim)):
             return False
-        cloud = restart_cloud(self.approx.particles, 2 * n, self._method_rng)
-        if not np.all(np.isfinite(self.approx.log_density(cloud))):
-            return False  # the Gaussian reaches where the density is zero: keep this cloud
+        if not self._restart_cloud(2 * n):
+            return False
         self._stages.begin(n)
         self._stages.stages[-1] |= why
-        self._auto.restart(cloud)
         self.control.restart()
         self._stages.restart(step_count, 2 * n)
         return True
