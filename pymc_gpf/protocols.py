@@ -59,8 +59,10 @@ class Method(Protocol):
         """The approximation at the starting point (its ``params`` hold the fitted state)."""
 
     def _build_step(self, options: Any) -> Any:
-        """One iteration as a :class:`pymc_gpf.stepgraph.StepGraph` for the fit keywords
-        ``options`` (:class:`pymc_gpf.options.FitOptions`)."""
+        """One iteration for the fit keywords ``options`` (:class:`pymc_gpf.options.FitOptions`):
+        the method's pure ``step(state, noise, target, ...) -> (State, Info)`` applied to
+        its state in shared variables, as ``StepGraph(state, new, info)``
+        (:mod:`pymc_gpf.stepgraph`)."""
 
     def _evaluations_per_step(self) -> tuple[int, int]:
         """Points where one step evaluates the log-density with its gradient, and without."""

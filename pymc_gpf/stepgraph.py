@@ -10,7 +10,7 @@ the last finite state, and compiles it all into one PyTensor function.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
 import numpy as np
@@ -29,13 +29,15 @@ from pymc_gpf.target import BatchedTarget, compile_function
 
 __all__ = [
     "CompiledStep",
+    "Info",
     "StepGraph",
     "compile_step",
     "dynamic_rows",
+    "keep_if",
     "leaves",
     "share",
+    "share_transform",
     "standard_normal",
-    "transform_direction",
     "updates",
     "values",
 ]
@@ -49,6 +51,11 @@ def standard_normal(rng: SharedVariable, shape: tuple[int, ...]) -> Variable:
     # PyMC's compile collects the generator's update from the graph
     _, draws = pt.random.normal(0.0, 1.0, size=shape, rng=rng, return_next_rng=True)
     return draws
+
+
+def keep_if(accepted: Variable, new: Variable, old: Variable) -> Variable:
+    """``new`` where the step is ``accepted``, else ``old`` (a refused trial keeps the state)."""
+    return pt.switch(accepted, new, old).astype(old.dtype)
 
 
 def dynamic_rows(name: str, value: np.ndarray) -> tuple:
@@ -80,8 +87,14 @@ def share[S: NamedTuple](
 
 
 def leaves(state: NamedTuple) -> list:
-    """The arrays of a state in field order, a tuple field's in turn."""
-    return [v for value in state for v in (value if isinstance(value, tuple) else (value,))]
+    """The arrays of a state in field order, a tuple (or nested state) field's in turn; a
+    field that is ``None`` (a part the step does not use) has none."""
+    return [
+        v
+        for value in state
+        if value is not None
+        for v in (leaves(value) if isinstance(value, tuple) else (value,))
+    ]
 
 
 def updates[S: NamedTuple](shared: S, new: S) -> dict[SharedVariable, Variable]:
@@ -106,21 +119,18 @@ def assign[S: NamedTuple](shared: S, state: S) -> None:
         var.set_value(np.asarray(value, dtype=var.dtype))
 
 
-@dataclass
-class StepGraph:
-    """One iteration of a method, symbolically.
+class Info(NamedTuple):
+    """What one step reports (symbolic): every method's ``step`` returns ``(State, Info)``.
 
-    ``free_energy`` is evaluated at the state *before* the update; ``points`` ``(K, D)`` are
-    where the step evaluates the log-density, ``logp``/``grad`` its values and gradients
-    there (to name variables when they are not finite); ``positions`` are the points the
-    step moves to, last axis ``D``; ``hyper_grads`` are the gradients of the free energy
-    with respect to ``more_obj_params``. Random draws in the step use
-    :func:`standard_normal`; their generator advances outside the guard.
-
-    ``info`` are scalars the controller reads after every step (``accepted``,
-    ``step_size``, ``decrement``, ...). A step that keeps its state finite itself (the
-    automatic step sizes accept or refuse a trial inside the graph) sets ``guarded=False``:
-    ``free_energy`` is then the value *after* the step and the engine adds no rollback.
+    ``free_energy`` is evaluated at the state *before* the update when the engine guards the
+    step (``accepted`` is ``None``: it keeps the last finite state itself); a step that
+    accepts or refuses its own trial (the automatic step sizes) sets ``accepted`` and
+    reports the free energy *after* it. ``points`` ``(K, D)`` are where the step evaluates
+    the log-density, ``logp``/``grad`` its values and gradients there (to name variables
+    when they are not finite), ``positions`` the points it moves to (last axis ``D``).
+    ``step_size`` and ``decrement`` are read by the controller after every step, as are
+    ``extra`` (``(name, scalar)`` pairs of a method's own controller); ``hyper_grads`` are
+    the gradients of the free energy in ``more_obj_params`` (fixed step sizes).
     """
 
     free_energy: Variable
@@ -128,10 +138,34 @@ class StepGraph:
     logp: Variable
     grad: Variable
     positions: Variable
-    updates: dict[Variable, Variable]
-    hyper_grads: list[Variable] = field(default_factory=list)
-    info: dict[str, Variable] = field(default_factory=dict)
-    guarded: bool = True
+    accepted: Variable | None = None
+    step_size: Variable | None = None
+    decrement: Variable | None = None
+    hyper_grads: tuple[Variable, ...] = ()
+    extra: tuple[tuple[str, Variable], ...] = ()
+
+    def scalars(self) -> dict[str, Variable]:
+        """The scalars the controller reads after every step, by name."""
+        named = {k: getattr(self, k) for k in ("accepted", "step_size", "decrement")}
+        return {k: v for k, v in named.items() if v is not None} | dict(self.extra)
+
+
+@dataclass(frozen=True)
+class StepGraph:
+    """One iteration of a method: its state (shared variables), the next state and the
+    step's :class:`Info`, i.e. ``step(state, ...) -> (new, info)`` applied to the fit's
+    state. Everything that changes from step to step is a leaf of ``state`` (the saved
+    checkpoint is its leaves, by name); random draws in the step use
+    :func:`standard_normal`, whose generator advances outside the guard."""
+
+    state: NamedTuple
+    new: NamedTuple
+    info: Info
+
+    @property
+    def guarded(self) -> bool:
+        """Whether the engine keeps the last finite state (the step does not itself)."""
+        return self.info.accepted is None
 
 
 @dataclass
@@ -157,7 +191,7 @@ class CompiledStep:
         the step would move to, which coordinates have a non-finite gradient or new
         position, and the largest gradient magnitude per coordinate. Compiled only when
         needed, so the hot step stays small."""
-        g = self.graph
+        g = self.graph.info
         grad_axes = tuple(range(g.grad.ndim - 1))
         new_points = g.positions.reshape((-1, g.positions.shape[-1]))
         outputs = {
@@ -186,15 +220,17 @@ class CompiledStep:
         return {k: np.asarray(v) for k, v in zip(outputs, values, strict=True)}
 
 
-def transform_direction(
-    transform: Transform, direction: Variable, shape: tuple[int, ...], name: str
-) -> tuple[Variable, dict[SharedVariable, Variable]]:
-    """Run ``direction`` through ``transform`` with its state held in new shared variables.
+def share_transform(
+    transform: Transform, shape: tuple[int, ...], name: str, static: tuple | None = None
+):
+    """The initial state of the optimiser ``transform`` for a direction of ``shape``, held
+    in shared variables named after its fields (``f"{name}_adam_mu"``, ...).
 
-    The state's static shape follows ``direction``'s: a dimension unknown there (e.g. the
-    number of particles, so one compiled graph serves any number) stays unknown, except
-    axes the optimiser reduces to length 1, which must be static to broadcast."""
-    static = direction.type.shape
+    ``static`` is the direction's static shape (default ``shape``): a dimension unknown
+    there (e.g. the number of particles, so one compiled graph serves any number) stays
+    unknown, except axes the optimiser reduces to length 1, which must be static to
+    broadcast."""
+    static = tuple(shape) if static is None else static
     values = transform.init(tuple(shape))
     names = iter([leaf_name for leaf_name, _ in named_leaves(values, name)])
 
@@ -205,13 +241,7 @@ def transform_direction(
         ]
         return pytensor.shared(value, name=next(names), shape=tuple(known))
 
-    state = map_state(shared, values)
-    new_direction, new_state = transform.update(direction, state)
-    updates = {
-        s: new.astype(s.dtype)
-        for s, new in zip(state_leaves(state), state_leaves(new_state), strict=True)
-    }
-    return new_direction, updates
+    return map_state(shared, values)
 
 
 def _add_state(state: dict[str, SharedVariable], key: str | None, var: SharedVariable) -> None:
@@ -225,13 +255,15 @@ def _learn_hyperparameters(
     graph: StepGraph, options: FitOptions, rate: Variable, updates: dict, keys: dict
 ) -> None:
     """Descend the free energy in ``more_obj_params`` (fixed step sizes only)."""
-    pairs = zip(options.more_obj_params, graph.hyper_grads, strict=True)
+    pairs = zip(options.more_obj_params, graph.info.hyper_grads, strict=True)
     for i, (theta, grad) in enumerate(pairs):
-        shape = np.shape(theta.get_value())
-        direction, opt_updates = transform_direction(options.chain(), grad, shape, f"hyper{i}")
+        transform = options.chain()
+        moments = share_transform(transform, np.shape(theta.get_value()), f"hyper{i}")
+        direction, new_moments = transform.update(grad, moments)
         updates[theta] = (theta - rate * direction).astype(theta.dtype)
-        updates.update(opt_updates)
-        keys.update({var: var.name for var in opt_updates})
+        for var, value in zip(state_leaves(moments), state_leaves(new_moments), strict=True):
+            updates[var] = value.astype(var.dtype)
+            keys[var] = var.name
         keys[theta] = f"hyper{i}"  # the user's variable: its name may be None or clash
 
 
@@ -240,7 +272,7 @@ def _guard(graph: StepGraph, updates: dict, keys: dict, state: dict):
     rejected when the new state is not finite (the state stays) or when the current
     state turns out to have a non-finite free energy (roll back to the previous one),
     so the state kept always has a finite free energy: the last good one."""
-    here_ok = pt.isfinite(graph.free_energy)
+    here_ok = pt.isfinite(graph.info.free_energy)
     next_ok = here_ok
     for value in updates.values():
         next_ok = next_ok & pt.all(pt.isfinite(value))
@@ -260,7 +292,7 @@ def compile_step(
 ) -> tuple[CompiledStep, dict[str, SharedVariable]]:
     """The step as one compiled call, and every shared variable of the fit's state by the
     name a saved checkpoint gives it."""
-    step_updates = dict(graph.updates)
+    step_updates = updates(graph.state, graph.new)
     keys = {var: var.name for var in step_updates}
     if not options.auto:  # the automatic step learns them between fits of q (pymc_gpf.hyper)
         _learn_hyperparameters(graph, options, learning_rates[0], step_updates, keys)
@@ -268,14 +300,14 @@ def compile_step(
     if graph.guarded:
         step_updates, ok = _guard(graph, step_updates, keys, state)
     else:
-        ok = pt.isfinite(graph.free_energy)
+        ok = pt.isfinite(graph.info.free_energy)
         for var in step_updates:
             _add_state(state, keys[var], var)
     if options.auto:  # θ, set between fits of q, is state all the same
         for i, theta in enumerate(options.more_obj_params):
             _add_state(state, f"hyper{i}", theta)
-    info = dict(graph.info)
-    outputs = [graph.free_energy, ok, *info.values()]
+    info = graph.info.scalars()
+    outputs = [graph.info.free_energy, ok, *info.values()]
     if options.compile_backend == "jax":
         fn = _per_shape(outputs, step_updates, options)
     else:

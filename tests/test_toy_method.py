@@ -6,6 +6,7 @@ the registry and the persistence layer, with nothing else to write."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pymc as pm
@@ -21,7 +22,11 @@ from pymc_gpf.config import MethodConfig
 from pymc_gpf.engine import FlowInference
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.start import initial_centre
-from pymc_gpf.stepgraph import StepGraph
+from pymc_gpf.stepgraph import Info, StepGraph
+
+
+class ToyState(NamedTuple):
+    particles: pt.TensorVariable
 
 
 class ToyApproximation(GaussianApproximation):
@@ -70,10 +75,12 @@ class Toy(FlowInference):
         return self.n_particles, 0
 
     def _build_step(self, options) -> StepGraph:
-        x = self.approx.shared_particles
-        logp, grad, _ = self.target.logp_and_grads(x)
-        new = x + self.learning_rates[0] * grad
-        return StepGraph(-pt.mean(logp), x, logp, grad, new, {x: new})
+        state = ToyState(self.approx.shared_particles)
+        logp, grad, _ = self.target.logp_and_grads(state.particles)
+        new = ToyState(state.particles + self.learning_rates[0] * grad)
+        return StepGraph(
+            state, new, Info(-pt.mean(logp), state.particles, logp, grad, new.particles)
+        )
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gf.method import GF
 from pymc_gpf.options import FitOptions
 from pymc_gpf.start import initial_centre
-from pymc_gpf.stepgraph import StepGraph, dynamic_rows, share, standard_normal, updates
+from pymc_gpf.stepgraph import StepGraph, dynamic_rows, share, standard_normal
 from pymc_gpf.verdict import FAMILY_LIMITED, NOT_CONVERGED, TRUSTWORTHY, Verdict
 
 __all__ = ["Ensemble", "EnsembleApproximation"]
@@ -312,18 +312,14 @@ class Ensemble(FlowInference):
         config, state = self.config, self.approx.state
         _check_options(options, self.target, config.kind)
         if config.kind == "deep":
-            new, objective, info, (points, logp, grad) = step.deep_step(state, self.target)
-        else:
-            shape = config.n_particles, self.target.ndim
-            noise = _noise(self.noise_rng, shape, self._preconditioned(options))
-            new, objective, info, (points, logp, grad) = step.langevin_step(
-                state, noise, self.learning_rates[0], self.target, config.temperature_used,
-                config.repulsion_used, config.bandwidth,
-            )  # fmt: skip
-        return StepGraph(
-            objective, points, logp, grad, new.particles, updates(state, new), info=info,
-            guarded=False,
+            return StepGraph(state, *step.deep_step(state, self.target))
+        shape = config.n_particles, self.target.ndim
+        noise = _noise(self.noise_rng, shape, self._preconditioned(options))
+        new, info = step.langevin_step(
+            state, noise, self.learning_rates[0], self.target, config.temperature_used,
+            config.repulsion_used, config.bandwidth,
         )  # fmt: skip
+        return StepGraph(state, new, info)
 
     def _preconditioned(self, options: FitOptions) -> bool:
         return self.config.precondition and options.auto

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -24,6 +25,7 @@ import pytensor.tensor as pt
 from pytensor.graph.basic import Variable
 
 from pymc_gpf.ensemble import flow
+from pymc_gpf.stepgraph import Info, keep_if
 from pymc_gpf.stepsize import Backtracking
 from pymc_gpf.target import BatchedTarget
 
@@ -86,12 +88,12 @@ def langevin_step(
     temperature: float,
     repulsion: float,
     bandwidth: float | str,
-) -> tuple[LangevinState, Variable, dict[str, Variable], tuple]:
+) -> tuple[LangevinState, Info]:
     """Move by the drift of the state, evaluate there; a non-finite move is refused (the
     state kept). ``noise`` is ``N(0, I)`` draws ``(N, D)`` and, to precondition, ``(N, K)``
-    more for the factor (``None``: the paper's plain scheme, ``M = I``). Returns the new
-    state, the objective (mean ``V`` plus the MMD term), the step's ``info`` (``accepted``,
-    ``mean_v``, ``mmd``, ``bandwidth``) and the evaluation ``(points, logp, grad)``."""
+    more for the factor (``None``: the paper's plain scheme, ``M = I``). The info's free
+    energy is the objective (mean ``V`` plus the MMD term); its extras ``mean_v``, ``mmd``
+    and ``bandwidth``."""
     eta = step_size * state.ready  # 0 on the first call: evaluate where the particles are
     drift, xi = state.drift, noise[0]
     if noise[1] is not None:
@@ -108,9 +110,7 @@ def langevin_step(
         drift, mmd, h = grad_logp, pt.as_tensor(0.0), pt.as_tensor(np.nan)
     finite = pt.all(pt.isfinite(logp)) & pt.all(pt.isfinite(drift))
 
-    def keep(new, old):
-        return pt.switch(finite, new, old)
-
+    keep = partial(keep_if, finite)
     new = LangevinState(
         keep(moved, state.particles),
         keep(logp, state.logp),
@@ -120,16 +120,13 @@ def langevin_step(
         state.preconditioner_factor,
     )
     objective = keep(-pt.mean(logp) + mmd, -pt.mean(state.logp))
-    info = {"accepted": finite, "mean_v": -pt.mean(new.logp)}
-    info |= {"mmd": mmd, "bandwidth": h}
-    return new, objective, info, (moved, logp, grad_logp)
+    extra = (("mean_v", -pt.mean(new.logp)), ("mmd", mmd), ("bandwidth", h))
+    return new, Info(objective, moved, logp, grad_logp, new.particles, finite, extra=extra)
 
 
-def deep_step(
-    state: DeepState, target: BatchedTarget
-) -> tuple[DeepState, Variable, dict[str, Variable], tuple]:
+def deep_step(state: DeepState, target: BatchedTarget) -> tuple[DeepState, Info]:
     """Per-particle backtracking gradient ascent of ``log p`` (see the module docstring).
-    ``info["decrement"]`` is the largest increase of ``log p`` a particle's next step
+    The info's ``decrement`` is the largest increase of ``log p`` a particle's next step
     predicts (nats): small once every particle sits at a mode."""
     eta = state.step_size * state.ready
     trial = state.particles + eta[:, None] * state.grad
@@ -153,11 +150,14 @@ def deep_step(
         step_size,
         pt.ones_like(state.ready),
     )
-    decrement = pt.max(new.step_size * pt.sum(pt.square(new.grad), axis=1))
-    info = {
-        "accepted": pt.any(accepted),
-        "decrement": decrement,
-        "step_size": pt.max(new.step_size),
-        "max_grad": pt.max(pt.sqrt(pt.sum(pt.square(new.grad), axis=1))),
-    }
-    return new, -pt.mean(new.logp), info, (trial, logp, grad_logp)
+    return new, Info(
+        free_energy=-pt.mean(new.logp),
+        points=trial,
+        logp=logp,
+        grad=grad_logp,
+        positions=new.particles,
+        accepted=pt.any(accepted),
+        step_size=pt.max(new.step_size),
+        decrement=pt.max(new.step_size * pt.sum(pt.square(new.grad), axis=1)),
+        extra=(("max_grad", pt.max(pt.sqrt(pt.sum(pt.square(new.grad), axis=1)))),),
+    )

@@ -23,7 +23,7 @@ from pymc_gpf.gf.config import GFConfig
 from pymc_gpf.gf.parameters import check_rank, draw_pairs, initial_factors
 from pymc_gpf.options import AUTO, FitOptions, resolve_natural_mean
 from pymc_gpf.start import initial_centre
-from pymc_gpf.stepgraph import StepGraph, share, standard_normal
+from pymc_gpf.stepgraph import StepGraph, share, share_transform, standard_normal
 from pymc_gpf.structure import Structure, parse_structure
 
 __all__ = ["GF", "GFApproximation"]
@@ -235,15 +235,30 @@ class GF(FlowInference):
         return 10 if self.draws_per_step == AUTO else int(self.draws_per_step)
 
     def _build_step(self, options: FitOptions) -> StepGraph:
-        state = self.approx.state
+        q = self.approx.state
         if not options.auto:
             s = self.resolved_draws(options)
-            noise = [standard_normal(self.noise_rng, (s, f.type.shape[-1])) for f in state.factor]
+            noise = [standard_normal(self.noise_rng, (s, f.type.shape[-1])) for f in q.factor]
+            # a dimension-wise optimiser shares its scale across a factor's K columns: an
+            # affine preconditioner of Gamma's rows, as GPF shares it across particles
+            transforms = (
+                options.chain(),
+                [options.chain(particle_axes=(1,) if f.ndim == 2 else ()) for f in q.factor],
+            )
+            state = step.FixedState(
+                q,
+                share_transform(transforms[0], q.mean.type.shape, "gf_mean"),
+                tuple(
+                    share_transform(t, f.type.shape, f.name)
+                    for t, f in zip(transforms[1], q.factor, strict=True)
+                ),
+            )
             natural_mean = resolve_natural_mean(self.natural_mean, options)
-            return step.fixed_step(
-                state, noise, self.target, self.structure, natural_mean, options,
-                self.learning_rates, s,
+            new, info = step.fixed_step(
+                state, noise, self.target, self.structure, natural_mean, transforms,
+                self.learning_rates, options.more_obj_params,
             )  # fmt: skip
+            return StepGraph(state, new, info)
         if self.natural_mean is False:
             raise ValueError(
                 "natural_mean=False needs a fixed learning_rate: the automatic step size "
@@ -256,14 +271,16 @@ class GF(FlowInference):
         else:
             noise = [
                 flow.whitened_antithetic(standard_normal(self.noise_rng, (pairs, f.type.shape[-1])))
-                for f in state.factor
+                for f in q.factor
             ]
         recorded = pytensor.shared(
             np.asarray(np.inf, dtype=self.target.dtype), name="gf_free_energy"
         )
-        return step.natural_step(
-            state, recorded, noise, self.target, self.structure, self.learning_rates[0]
+        state = step.NaturalState(q, recorded)
+        new, info = step.natural_step(
+            state, noise, self.target, self.structure, self.learning_rates[0]
         )
+        return StepGraph(state, new, info)
 
     def _evaluations_per_step(self) -> tuple[int, int]:
         return self.resolved_draws(self.fit_options), 0

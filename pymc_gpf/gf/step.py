@@ -16,6 +16,8 @@ iterates fluctuate around the fixed point with a spread of order ``sqrt(eta / S)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -24,14 +26,13 @@ import pytensor.tensor as pt
 from pytensor.graph.basic import Variable
 
 from pymc_gpf.gf import flow
-from pymc_gpf.options import FitOptions
-from pymc_gpf.stepgraph import StepGraph, transform_direction
-from pymc_gpf.stepgraph import updates as state_updates
+from pymc_gpf.optimizers import Transform
+from pymc_gpf.stepgraph import Info, keep_if
 from pymc_gpf.stepsize import cap
 from pymc_gpf.structure import Structure
 from pymc_gpf.target import BatchedTarget
 
-__all__ = ["GFState", "fixed_step", "natural_step"]
+__all__ = ["FixedState", "GFState", "NaturalState", "fixed_step", "natural_step"]
 
 MAX_SCALE_STEP = 0.5  # trust region: one step scales q's spread by at most 1 +- this
 
@@ -44,61 +45,74 @@ class GFState(NamedTuple):
     factor: tuple[Variable, ...]
 
 
+class FixedState(NamedTuple):
+    """Eq. 11's state: q and the optimiser's state of its mean and of each factor."""
+
+    q: GFState
+    mean_moments: tuple
+    factor_moments: tuple
+
+
+class NaturalState(NamedTuple):
+    """The automatic step's state: q and the free energy of the last accepted step."""
+
+    q: GFState
+    free_energy: Variable
+
+
 def fixed_step(
-    state: GFState,
+    state: FixedState,
     noise: list[Variable],
     target: BatchedTarget,
     structure: Structure,
     natural_mean: bool,
-    options: FitOptions,
+    transforms: tuple[Transform, Sequence[Transform]],
     rates: tuple[Variable, Variable],
-    draws: int,
-) -> StepGraph:
-    """Eq. 11 with fixed ``(eta1, eta2)`` and the fit's optimiser, from the ``draws`` draws
-    ``mu + Gamma z`` of ``noise`` ``z``; the free energy at the parameters before the step."""
-    mean, factors = state.mean, list(state.factor)
+    more_obj_params: Sequence[Variable] = (),
+) -> tuple[FixedState, Info]:
+    """Eq. 11 with fixed ``(eta1, eta2)`` and the optimisers ``transforms`` (of the mean, of
+    each factor), from the draws ``mu + Gamma z`` of ``noise`` ``z``; the free energy at
+    the parameters before the step."""
+    mean, factors = state.q.mean, list(state.q.factor)
     deviations = flow.deviations(factors, noise, structure)
     points = mean + deviations
-    logp, grad_logp, hyper = target.logp_and_grads(points, options.more_obj_params)
+    logp, grad_logp, hyper = target.logp_and_grads(points, more_obj_params)
     grads = -grad_logp
     eta1, eta2 = rates
+    mean_transform, factor_transforms = transforms
     shift = flow.mean_direction(grads, factors, structure, natural_mean)
-    shift, updates = transform_direction(options.chain(), shift, mean.type.shape, "gf_mean")
+    shift, mean_moments = mean_transform.update(shift, state.mean_moments)
     new_mean = (mean - eta1 * shift).astype(mean.dtype)
-    updates[mean] = new_mean
-    new_factors = []
+    new_factors, factor_moments = [], []
     directions = flow.factor_directions(grads, deviations, factors, structure)
-    for f, direction in zip(factors, directions, strict=True):
-        # a dimension-wise optimiser shares its scale across the K columns: an affine
-        # preconditioner of Gamma's rows, as GPF shares it across particles
-        chain = options.chain(particle_axes=(1,) if f.ndim == 2 else ())
-        direction, opt_updates = transform_direction(chain, direction, f.type.shape, f.name)
-        updates.update(opt_updates)
-        updates[f] = (f - eta2 * direction).astype(f.dtype)
-        new_factors.append(updates[f])
-    return StepGraph(
+    parts = zip(factors, directions, factor_transforms, state.factor_moments, strict=True)
+    for f, direction, transform, moments in parts:
+        direction, moments = transform.update(direction, moments)
+        new_factors.append((f - eta2 * direction).astype(f.dtype))
+        factor_moments.append(moments)
+    new = FixedState(GFState(new_mean, tuple(new_factors)), mean_moments, tuple(factor_moments))
+    draws = noise[0].shape[0]
+    return new, Info(
         free_energy=flow.free_energy(logp, factors, structure),
         points=points,
         logp=logp,
         grad=grad_logp,
         positions=new_mean + flow.deviations(new_factors, noise, structure),
-        updates=updates,
-        hyper_grads=[-h / draws for h in hyper],
+        hyper_grads=tuple(-h / draws for h in hyper),
     )
 
 
 def natural_step(
-    state: GFState,
-    recorded: Variable,
+    state: NaturalState,
     noise: list[Variable],
     target: BatchedTarget,
     structure: Structure,
     base_step: Variable,
-) -> StepGraph:
+) -> tuple[NaturalState, Info]:
     """Natural-gradient steps from whitened antithetic draws ``noise``: the mean moves at
     most ``sqrt(K)`` of q's sds, the spread changes by at most :data:`MAX_SCALE_STEP`; a
-    non-finite step is refused (every parameter and the ``recorded`` free energy kept)."""
-    mean, factors = state.mean, list(state.factor)
+    non-finite step is refused (q and the recorded free energy kept)."""
+    mean, factors = state.q.mean, list(state.q.factor)
     deviations = flow.deviations(factors, noise, structure)
     points = mean + deviations
     logp, grad_logp, _ = target.logp_and_grads(points)
@@ -114,22 +128,19 @@ def natural_step(
     accepted = pt.isfinite(free_energy) & pt.all(pt.isfinite(new_mean))
     for f in new_factors:
         accepted = accepted & pt.all(pt.isfinite(f))
-
-    def keep(new, old):
-        return pt.switch(accepted, new, old).astype(old.dtype)
-
-    kept = keep(free_energy, recorded)
-    new = GFState(
+    keep = partial(keep_if, accepted)
+    q = GFState(
         keep(new_mean, mean),
         tuple(keep(nf, f) for f, nf in zip(factors, new_factors, strict=True)),
     )
-    return StepGraph(
-        free_energy=kept,
+    new = NaturalState(q, keep(free_energy, state.free_energy))
+    return new, Info(
+        free_energy=new.free_energy,
         points=points,
         logp=logp,
         grad=grad_logp,
-        positions=new.mean + flow.deviations(list(new.factor), noise, structure),
-        updates={**state_updates(state, new), recorded: kept},
-        info={"accepted": accepted, "step_size": eta_mean, "decrement": dec_mean + dec_cov},
-        guarded=False,
+        positions=q.mean + flow.deviations(list(q.factor), noise, structure),
+        accepted=accepted,
+        step_size=eta_mean,
+        decrement=dec_mean + dec_cov,
     )

@@ -18,7 +18,7 @@ from pymc_gpf.checks import renamed
 from pymc_gpf.control import Control, Deterministic
 from pymc_gpf.engine import FlowInference
 from pymc_gpf.gaussian import GaussianQ
-from pymc_gpf.gpf import flow, step
+from pymc_gpf.gpf import flow, held
 from pymc_gpf.gpf.config import GPFConfig
 from pymc_gpf.gpf.particles import (
     BIAS_DRAWS,
@@ -199,7 +199,7 @@ class GPF(FlowInference):
 
     def _build_step(self, options: FitOptions) -> StepGraph:
         rng = self._method_rng if self._line_search else None
-        graph, self._auto = step.build(
+        graph, self._auto = held.build(
             self.approx.shared_particles, self.target, self.structure, self.natural_mean,
             options, self.learning_rates, rng,
         )  # fmt: skip

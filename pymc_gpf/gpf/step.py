@@ -20,6 +20,8 @@ method holds them in shared variables named after their fields
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -29,17 +31,17 @@ from pytensor.graph.basic import Variable
 
 from pymc_gpf.clouds import matching_cloud
 from pymc_gpf.gpf import flow
-from pymc_gpf.options import FitOptions, resolve_natural_mean
-from pymc_gpf.stepgraph import StepGraph, assign, share, transform_direction, updates
+from pymc_gpf.optimizers import Transform
+from pymc_gpf.stepgraph import Info, keep_if
 from pymc_gpf.stepsize import Backtracking, accept_trial, cap, next_step_size
 from pymc_gpf.structure import Structure
 from pymc_gpf.target import BatchedTarget
 
 __all__ = [
-    "AutoStep",
+    "AutoState",
+    "FixedState",
     "NaturalState",
     "SearchState",
-    "build",
     "fixed_step",
     "init_natural",
     "natural_step",
@@ -130,29 +132,43 @@ def _validation(search: SearchState, accepted, trial, centred, free_energy, natu
         pt.switch(improved, free_energy, search.best_free_energy),
         since.astype(step.dtype),
     )
-    info = {
-        "step_size": step,
-        "since_best": since,
-        "validation": validation,
-        "best_validation": new.best_validation,
-    }
-    return new, info
+    extra = (
+        ("since_best", since),
+        ("validation", validation),
+        ("best_validation", new.best_validation),
+    )
+    return new, extra
+
+
+class AutoState(NamedTuple):
+    """The automatic step's state: the particles, the flow at them and (full data) the
+    line search's."""
+
+    particles: Variable
+    natural: NaturalState
+    search: SearchState | None
+
+
+class FixedState(NamedTuple):
+    """Algorithm 2's state: the particles and the optimiser's state of each flow term."""
+
+    particles: Variable
+    shift_moments: tuple
+    linear_moments: tuple
 
 
 def natural_step(
-    particles: Variable,
-    state: NaturalState,
-    search: SearchState | None,
+    auto: AutoState,
     base_step: Variable,
     target: BatchedTarget,
     structure: Structure,
     ranks: list[int],
-) -> tuple[Variable, NaturalState, SearchState | None, dict[str, Variable], tuple]:
+) -> tuple[AutoState, Info]:
     """Move the particles along the flow of the previous step, then evaluate the flow at
-    the trial. With ``search`` the step size comes from backtracking (Armijo on the free
-    energy); without, ``base_step`` (the controller's) capped to a trust region in units
-    of q's spread. A refused trial keeps every state. Returns the new particles and
-    states, the step's ``info`` and the evaluation ``(points, logp, grad)``."""
+    the trial. With a line search the step size comes from backtracking (Armijo on the
+    free energy); without, ``base_step`` (the controller's) capped to a trust region in
+    units of q's spread. A refused trial keeps the whole state."""
+    particles, state, search = auto
     d = target.ndim
     if search is not None:
         step = search.step_size
@@ -178,9 +194,7 @@ def natural_step(
     else:
         accepted = finite
 
-    def keep(new, old):
-        return pt.switch(accepted, new, old).astype(old.dtype)
-
+    keep = partial(keep_if, accepted)
     new_state = NaturalState(
         keep(natural.shift, state.shift),
         keep(natural.linear, state.linear),
@@ -189,128 +203,54 @@ def natural_step(
         keep(natural.decrement_cov, state.decrement_cov),
     )
     decrement = keep(natural.decrement, state.decrement_mean + state.decrement_cov)
-    info = {"accepted": accepted, "decrement": decrement}
+    extra = ()
     if search is not None:
-        search, more = _validation(
+        search, extra = _validation(
             search, accepted, trial, (mean, deviations), free_energy, natural, target.logp, d
         )
-        info |= more
-    else:
-        info |= {"step_size": eta_mean}
-    return keep(trial, particles), new_state, search, info, (trial, logp, grad_logp)
+    moved = keep(trial, particles)
+    info = Info(
+        free_energy=new_state.free_energy,
+        points=trial,
+        logp=logp,
+        grad=grad_logp,
+        positions=moved,
+        accepted=accepted,
+        step_size=step if search is not None else eta_mean,
+        decrement=decrement,
+        extra=extra,
+    )
+    return AutoState(moved, new_state, search), info
 
 
 def fixed_step(
-    shared: Variable,
+    state: FixedState,
+    shape: tuple[int, int],
     target: BatchedTarget,
     structure: Structure,
     natural_mean: bool,
-    options: FitOptions,
+    transforms: tuple[Transform, Transform],
     rates: tuple[Variable, Variable],
-) -> StepGraph:
-    """Algorithm 2: eq. 13 with fixed step sizes ``(eta1, eta2)`` and the fit's optimiser;
-    the free energy (App. D) at the particles before the step."""
-    n, d = shared.get_value(borrow=True).shape
-    particles = pt.specify_shape(shared, (n, d))
-    logp, grad_logp, hyper = target.logp_and_grads(particles, options.more_obj_params)
+    more_obj_params: Sequence[Variable] = (),
+) -> tuple[FixedState, Info]:
+    """Algorithm 2: eq. 13 with fixed step sizes ``(eta1, eta2)`` and the optimisers
+    ``transforms`` (of the mean shift, of the linear term) for ``shape`` ``(N, D)``
+    particles; the free energy (App. D) at the particles before the step."""
+    particles = pt.specify_shape(state.particles, shape)
+    logp, grad_logp, hyper = target.logp_and_grads(particles, more_obj_params)
     grads = -grad_logp
     _, deviations = flow.centre(particles)
     shift = flow.mean_shift(deviations, grads, structure, natural_mean)
     linear = flow.linear_flow(deviations, grads, structure)
-    shift, up_shift = transform_direction(options.chain(), shift, (d,), "gpf_shift")
-    linear, up_linear = transform_direction(
-        options.chain(particle_axes=(0,)), linear, (n, d), "gpf_linear"
-    )
+    shift, shift_moments = transforms[0].update(shift, state.shift_moments)
+    linear, linear_moments = transforms[1].update(linear, state.linear_moments)
     eta1, eta2 = rates
-    new = (particles - eta1 * shift - eta2 * linear).astype(shared.dtype)
-    return StepGraph(
+    new = (particles - eta1 * shift - eta2 * linear).astype(particles.dtype)
+    return FixedState(new, shift_moments, linear_moments), Info(
         free_energy=flow.free_energy(logp, deviations, structure),
         points=particles,
         logp=logp,
         grad=grad_logp,
         positions=new,
-        updates={shared: new, **up_shift, **up_linear},
-        hyper_grads=[-h / n for h in hyper],
+        hyper_grads=tuple(-h / shape[0] for h in hyper),
     )
-
-
-class AutoStep:
-    """The automatic step's states held in shared variables named ``gpf_<field>`` (the
-    number of particles may change between stages: that dimension stays dynamic)."""
-
-    def __init__(self, particles, structure: Structure, rng: np.random.Generator | None):
-        self.particles, self.structure, self.rng = particles, structure, rng
-        natural, search = init_natural(particles.get_value(), structure, rng)
-        d = natural.shift.shape[0]
-
-        def shape(name, value):
-            if name == "validation_weights":
-                return (None, None)
-            return ((None, d), (d,), ())[2 - value.ndim]
-
-        self.natural = share(natural, "gpf", shape)
-        self.search = None if search is None else share(search, "gpf", shape)
-
-    def graph(self, base_step: Variable, target: BatchedTarget) -> StepGraph:
-        """The step from the current states (see :func:`natural_step`)."""
-        ranks = block_ranks(self.particles.get_value(), self.structure)
-        moved, natural, search, info, (points, logp, grad) = natural_step(
-            self.particles, self.natural, self.search, base_step, target, self.structure, ranks
-        )
-        new = {self.particles: moved, **updates(self.natural, natural)}
-        if search is not None:
-            new |= updates(self.search, search)
-        return StepGraph(
-            natural.free_energy, points, logp, grad, moved, new, info=info, guarded=False
-        )
-
-    def validation_draws(self) -> int:
-        """Points of the independent cloud, evaluated (without gradient) every step."""
-        return self.search.validation_weights.get_value(borrow=True).shape[0]
-
-    def finish(self, restore_best: bool) -> float:
-        """The free energy of the state the fit ends on; with ``restore_best`` the particles
-        go back to where the independent cloud's free energy was lowest."""
-        if not restore_best:
-            return float(self.natural.free_energy.get_value())
-        self.particles.set_value(self.search.best_particles.get_value())
-        best = float(self.search.best_free_energy.get_value())
-        self.reset()
-        return best
-
-    def restart(self, particles: np.ndarray) -> None:
-        """Go on from new particles (e.g. more of them, same Gaussian)."""
-        self.particles.set_value(particles)
-        self.reset()
-
-    def reset(self) -> None:
-        """Nothing evaluated at the current particles (after they were set from outside)."""
-        natural, search = init_natural(self.particles.get_value(), self.structure, self.rng)
-        assign(self.natural, natural)
-        if search is not None:
-            assign(self.search, search)
-
-
-def build(
-    particles,
-    target: BatchedTarget,
-    structure: Structure,
-    natural_mean: bool | None,
-    options: FitOptions,
-    rates: tuple[Variable, Variable],
-    rng: np.random.Generator | None,
-) -> tuple[StepGraph, AutoStep | None]:
-    """The step for the fit keywords ``options``: Algorithm 2 with a fixed ``learning_rate``
-    (the mean step natural if ``natural_mean``), else the automatic step, whose states it
-    returns too (with ``rng`` the line search's)."""
-    if not options.auto:
-        natural = resolve_natural_mean(natural_mean, options)
-        return fixed_step(particles, target, structure, natural, options, rates), None
-    if natural_mean is False:
-        raise ValueError(
-            "natural_mean=False needs a fixed learning_rate: the automatic step size "
-            "uses the natural flow, whose mean step is C g_bar. Drop natural_mean or "
-            "pass e.g. learning_rate=1e-3."
-        )
-    auto = AutoStep(particles, structure, rng)
-    return auto.graph(rates[0], target), auto

@@ -15,8 +15,8 @@ from pymc_gpf.checks import renamed, seed_sequence
 from pymc_gpf.engine import FlowInference
 from pymc_gpf.options import FitOptions
 from pymc_gpf.start import initial_centre
-from pymc_gpf.stepgraph import StepGraph, dynamic_rows, share, standard_normal, updates
-from pymc_gpf.wvgd import flow, step
+from pymc_gpf.stepgraph import StepGraph, dynamic_rows, share, share_transform, standard_normal
+from pymc_gpf.wvgd import step
 from pymc_gpf.wvgd.config import WVGDConfig
 from pymc_gpf.wvgd.mixture import (
     EMPTY_LOG_MASS,
@@ -225,36 +225,29 @@ class WVGD(FlowInference):
         }
 
     def _build_step(self, options: FitOptions) -> StepGraph:
-        state = self.approx.state
-        j, d, m = state.particles.shape[0], self.target.ndim, self.draws_per_particle
+        q = self.approx.state
+        j, d, m = q.particles.shape[0], self.target.ndim, self.draws_per_particle
         noise = standard_normal(self.noise_rng, (j, m, d))
         decay = 1.0 - 1.0 / float(self.weight_memory)
-        estimated, cells = step.evaluate(state, noise, m, self.target, decay)
-        hyper_grads, info = [], {}
         if options.auto:
             recorded = pytensor.shared(
                 np.asarray(np.inf, dtype=self.target.dtype), "wvgd_free_energy"
             )
-            new, free_energy, accepted = step.natural_step(
-                state, estimated, cells, self.learning_rates[0], recorded
-            )
-            new_updates = {**updates(state, new), recorded: free_energy}
-            info = {"accepted": accepted, "step_size": self.learning_rates[0]}
-        else:
-            new, new_updates = step.fixed_step(estimated, cells, options, self.learning_rates)
-            new_updates |= updates(state, new)
-            free_energy = cells.free_energy
-            hyper_grads = flow.hyper_grads(
-                cells.logp, cells.accepted, cells.weights, options.more_obj_params
-            )
-        new_draws = flow.local_draws(
-            new_updates[state.local_means], new_updates[state.local_log_scales], noise
+            state = step.NaturalState(q, recorded)
+            new, info = step.natural_step(state, noise, self.target, decay, self.learning_rates[0])
+            return StepGraph(state, new, info)
+        fields = (q.particles, q.local_means, q.local_log_scales)
+        transforms = [options.chain(particle_axes=(0,)) for _ in fields]
+        moments = tuple(
+            share_transform(t, var.get_value(borrow=True).shape, var.name, var.type.shape)
+            for t, var in zip(transforms, fields, strict=True)
         )
-        return StepGraph(
-            free_energy, cells.points, cells.logp.reshape((j * m,)),
-            cells.grad.reshape((j * m, d)), new_draws.reshape((j * m, d)), new_updates,
-            hyper_grads, info, guarded=not options.auto,
+        state = step.FixedState(q, moments)
+        new, info = step.fixed_step(
+            state, noise, self.target, decay, transforms, self.learning_rates,
+            options.more_obj_params,
         )  # fmt: skip
+        return StepGraph(state, new, info)
 
     def _evaluations_per_step(self) -> tuple[int, int]:
         j = self.approx.state.particles.get_value(borrow=True).shape[0]

@@ -6,6 +6,7 @@ are :mod:`pymc_gpf.wvgd.flow`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -13,13 +14,22 @@ import pytensor.tensor as pt
 
 from pytensor.graph.basic import Variable
 
-from pymc_gpf.options import FitOptions
-from pymc_gpf.stepgraph import transform_direction
+from pymc_gpf.optimizers import Transform
+from pymc_gpf.stepgraph import Info
 from pymc_gpf.target import BatchedTarget
 from pymc_gpf.wvgd import flow
 from pymc_gpf.wvgd.mixture import EMPTY_LOG_MASS
 
-__all__ = ["Cells", "WVGDState", "evaluate", "fixed_step", "init_state", "natural_step"]
+__all__ = [
+    "Cells",
+    "FixedState",
+    "NaturalState",
+    "WVGDState",
+    "evaluate",
+    "fixed_step",
+    "init_state",
+    "natural_step",
+]
 
 # trust region of the automatic step: a local mean moves at most 0.2 local sds per step and
 # coordinate, a local sd changes by at most a factor e^0.1
@@ -135,29 +145,68 @@ def evaluate(
     return estimated, cells
 
 
+class FixedState(NamedTuple):
+    """Eq. 20-21's state: the particles, local Gaussians and estimates, and the optimiser's
+    state for the particles, the local means and the local log-scales."""
+
+    q: WVGDState
+    moments: tuple
+
+
+class NaturalState(NamedTuple):
+    """The automatic step's state: ``q`` and the free energy of the last accepted step."""
+
+    q: WVGDState
+    free_energy: Variable
+
+
+def _info(cells: Cells, new: WVGDState, noise: Variable, free_energy: Variable, **more) -> Info:
+    j, (m, d) = cells.grad.shape[0], noise.type.shape[1:]
+    positions = flow.local_draws(new.local_means, new.local_log_scales, noise)
+    return Info(
+        free_energy=free_energy,
+        points=cells.points,
+        logp=cells.logp.reshape((j * m,)),
+        grad=cells.grad.reshape((j * m, d)),
+        positions=positions.reshape((j * m, d)),
+        **more,
+    )
+
+
 def fixed_step(
-    estimated: WVGDState, cells: Cells, options: FitOptions, rates: tuple[Variable, Variable]
-) -> tuple[WVGDState, dict]:
-    """Eq. 20-21 with the fit's optimiser (dimension-wise Adam by default) and the fixed
-    step sizes ``rates = (eta1, eta2)`` of the particles and the local Gaussians; a cell
-    without accepted draws keeps its particle and local Gaussian this step. Returns the new
-    state and the optimiser's updates."""
+    state: FixedState,
+    noise: Variable,
+    target: BatchedTarget,
+    decay: float,
+    transforms: Sequence[Transform],
+    rates: tuple[Variable, Variable],
+    more_obj_params: Sequence[Variable] = (),
+) -> tuple[FixedState, Info]:
+    """Eq. 20-21 with the optimisers ``transforms`` (of the particles, local means and local
+    log-scales; dimension-wise Adam by default) and the fixed step sizes ``rates = (eta1,
+    eta2)`` of the particles and the local Gaussians, from the local draws of ``noise``
+    ``(J, M, D)``; a cell without accepted draws keeps its particle and local Gaussian this
+    step. The free energy is the mixture's at the state before the step."""
+    estimated, cells = evaluate(state.q, noise, noise.type.shape[1], target, decay)
     eta1, eta2 = rates
-    moved, opt_updates = [], {}
+    moved, moments = [], []
     fields = (estimated.particles, estimated.local_means, estimated.local_log_scales)
-    for var, direction, eta in zip(fields, cells.directions, (eta1, eta2, eta2), strict=True):
-        chain = options.chain(particle_axes=(0,))
-        shape = var.get_value().shape
-        direction, updates = transform_direction(chain, direction, shape, var.name)
-        opt_updates.update(updates)
+    parts = zip(
+        fields, cells.directions, (eta1, eta2, eta2), transforms, state.moments, strict=True
+    )
+    for var, direction, eta, transform, opt_state in parts:
+        direction, opt_state = transform.update(direction, opt_state)
+        moments.append(opt_state)
         moved.append(pt.switch(cells.has[:, None], var - eta * direction, var))
     new = estimated._replace(particles=moved[0], local_means=moved[1], local_log_scales=moved[2])
-    return new, opt_updates
+    hyper = flow.hyper_grads(cells.logp, cells.accepted, cells.weights, more_obj_params)
+    info = _info(cells, new, noise, cells.free_energy, hyper_grads=tuple(hyper))
+    return FixedState(new, tuple(moments)), info
 
 
 def natural_step(
-    state: WVGDState, estimated: WVGDState, cells: Cells, step: Variable, recorded: Variable
-) -> tuple[WVGDState, Variable, Variable]:
+    natural: NaturalState, noise: Variable, target: BatchedTarget, decay: float, step: Variable
+) -> tuple[NaturalState, Info]:
     """Natural-gradient moves (the automatic step size): each particle moves a fraction
     ``eta`` of the way to its cell's centroid (a damped Lloyd step, eq. 20), each local
     Gaussian ``N(m, s^2)`` by its Fisher-preconditioned gradient ``(s^2 d_m, d_log_s / 2)``
@@ -165,9 +214,10 @@ def natural_step(
     per coordinate at 0.2 local sds for the mean and a factor ``e^0.1`` for the scale; a
     local Gaussian that accepts under 2 % of its draws is re-centred on its particle.
     The base ``step`` comes from :class:`pymc_gpf.control.Stochastic`. A non-finite step is
-    refused (the whole state and the ``recorded`` free energy kept; the schedule then
-    shrinks the step). Returns the new state, the free energy to record and whether the
-    step was accepted."""
+    refused (the whole state and the recorded free energy kept; the schedule then shrinks
+    the step)."""
+    state = natural.q
+    estimated, cells = evaluate(state, noise, noise.type.shape[1], target, decay)
     particles, means, log_scales = state.particles, state.local_means, state.local_log_scales
     d_particles, d_means, d_log_scales = cells.directions
     acceptance = cells.rate
@@ -191,5 +241,7 @@ def natural_step(
     has = cells.has[:, None]
     for i, (new, movable) in enumerate(zip(moves, (has, has | orphan, has), strict=True)):
         kept[i] = pt.switch(accepted & movable, new, state[i])
-    recorded_new = pt.switch(accepted, cells.free_energy, recorded)
-    return WVGDState(*kept), recorded_new, accepted
+    new = NaturalState(
+        WVGDState(*kept), pt.switch(accepted, cells.free_energy, natural.free_energy)
+    )
+    return new, _info(cells, new.q, noise, new.free_energy, accepted=accepted, step_size=step)

@@ -1,0 +1,110 @@
+"""GPF's step for a fit: the automatic step's state held in shared variables between
+steps (:class:`AutoStep`: the method restores, restarts and reads it), and :func:`build`,
+which applies the pure step functions of :mod:`pymc_gpf.gpf.step` to the fit's state."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pytensor.graph.basic import Variable
+
+from pymc_gpf.gpf.step import (
+    AutoState,
+    FixedState,
+    block_ranks,
+    fixed_step,
+    init_natural,
+    natural_step,
+)
+from pymc_gpf.options import FitOptions, resolve_natural_mean
+from pymc_gpf.stepgraph import StepGraph, assign, share, share_transform
+from pymc_gpf.structure import Structure
+from pymc_gpf.target import BatchedTarget
+
+__all__ = ["AutoStep", "build"]
+
+
+class AutoStep:
+    """The automatic step's states held in shared variables named ``gpf_<field>`` (the
+    number of particles may change between stages: that dimension stays dynamic)."""
+
+    def __init__(self, particles, structure: Structure, rng: np.random.Generator | None):
+        self.particles, self.structure, self.rng = particles, structure, rng
+        natural, search = init_natural(particles.get_value(), structure, rng)
+        d = natural.shift.shape[0]
+
+        def shape(name, value):
+            if name == "validation_weights":
+                return (None, None)
+            return ((None, d), (d,), ())[2 - value.ndim]
+
+        self.natural = share(natural, "gpf", shape)
+        self.search = None if search is None else share(search, "gpf", shape)
+
+    def graph(self, base_step: Variable, target: BatchedTarget) -> StepGraph:
+        """The step from the current states (see :func:`natural_step`)."""
+        ranks = block_ranks(self.particles.get_value(), self.structure)
+        state = AutoState(self.particles, self.natural, self.search)
+        new, info = natural_step(state, base_step, target, self.structure, ranks)
+        return StepGraph(state, new, info)
+
+    def validation_draws(self) -> int:
+        """Points of the independent cloud, evaluated (without gradient) every step."""
+        return self.search.validation_weights.get_value(borrow=True).shape[0]
+
+    def finish(self, restore_best: bool) -> float:
+        """The free energy of the state the fit ends on; with ``restore_best`` the particles
+        go back to where the independent cloud's free energy was lowest."""
+        if not restore_best:
+            return float(self.natural.free_energy.get_value())
+        self.particles.set_value(self.search.best_particles.get_value())
+        best = float(self.search.best_free_energy.get_value())
+        self.reset()
+        return best
+
+    def restart(self, particles: np.ndarray) -> None:
+        """Go on from new particles (e.g. more of them, same Gaussian)."""
+        self.particles.set_value(particles)
+        self.reset()
+
+    def reset(self) -> None:
+        """Nothing evaluated at the current particles (after they were set from outside)."""
+        natural, search = init_natural(self.particles.get_value(), self.structure, self.rng)
+        assign(self.natural, natural)
+        if search is not None:
+            assign(self.search, search)
+
+
+def build(
+    particles,
+    target: BatchedTarget,
+    structure: Structure,
+    natural_mean: bool | None,
+    options: FitOptions,
+    rates: tuple[Variable, Variable],
+    rng: np.random.Generator | None,
+) -> tuple[StepGraph, AutoStep | None]:
+    """The step for the fit keywords ``options``: Algorithm 2 with a fixed ``learning_rate``
+    (the mean step natural if ``natural_mean``), else the automatic step, whose states it
+    returns too (with ``rng`` the line search's)."""
+    if not options.auto:
+        natural = resolve_natural_mean(natural_mean, options)
+        shape = particles.get_value(borrow=True).shape
+        transforms = (options.chain(), options.chain(particle_axes=(0,)))
+        state = FixedState(
+            particles,
+            share_transform(transforms[0], shape[1:], "gpf_shift"),
+            share_transform(transforms[1], shape, "gpf_linear"),
+        )
+        new, info = fixed_step(
+            state, shape, target, structure, natural, transforms, rates, options.more_obj_params
+        )
+        return StepGraph(state, new, info), None
+    if natural_mean is False:
+        raise ValueError(
+            "natural_mean=False needs a fixed learning_rate: the automatic step size "
+            "uses the natural flow, whose mean step is C g_bar. Drop natural_mean or "
+            "pass e.g. learning_rate=1e-3."
+        )
+    auto = AutoStep(particles, structure, rng)
+    return auto.graph(rates[0], target), auto
