@@ -9,6 +9,8 @@ method's controller (:mod:`pymc_gpf.control`) and explains a failure
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -21,10 +23,12 @@ from pymc.variational.inference import Inference, State
 from pytensor.compile.sharedvalue import SharedVariable
 
 from pymc_gpf.checks import is_integer, positive, seed_sequence
-from pymc_gpf.control import Control, FixedSteps, Outcome, Stochastic
+from pymc_gpf.control import Control, FixedSteps, Stochastic
+from pymc_gpf.errors import FitWarning
+from pymc_gpf.failure import FailedStep, explain_failure
 from pymc_gpf.hyper import HyperSearch, compile_hyper_moments, flat_values, set_flat_values
 from pymc_gpf.jaxlink import row_sharding
-from pymc_gpf.loop import run
+from pymc_gpf.loop import LoopResult, fit_outcome, progress_text, run_steps
 from pymc_gpf.options import (
     DEFAULT_MAX_STEPS,
     FIT_DOC,
@@ -35,9 +39,10 @@ from pymc_gpf.options import (
     parse_fit_options,
     parse_learning_rate,
 )
+from pymc_gpf.record import FitRecord
 from pymc_gpf.stepgraph import compile_step
 from pymc_gpf.target import BatchedTarget
-from pymc_gpf.verdict import NOT_CONVERGED, UNCONVERGED_REMEDIES, Verdict
+from pymc_gpf.verdict import NOT_CONVERGED, UNCONVERGED_REMEDIES, Verdict, fit_warning
 
 __all__ = ["FlowInference", "configure"]
 
@@ -76,10 +81,7 @@ class FlowInference(Inference):
     def __init__(self, *, model=None, random_seed=None, start=None, devices=None):
         self.target = BatchedTarget(model)
         self.target.row_sharding = row_sharding(devices)
-        self.hist = self.step_sizes = np.asarray(())  # free energy and step size per step
-        self.gradient_evaluations = 0  # log-density-and-gradient evaluations, all fits
-        self.density_evaluations = 0  # log-density-only evaluations (checks, validation)
-        self.outcome: Outcome | None = None
+        self.record = FitRecord()  # the trace, step sizes, outcome and cost of all fits
         self.control: Control | None = None
         self.state: State | None = None  # PyMC's (i, step, callbacks, score)
         self.fit_options: FitOptions | None = None
@@ -88,9 +90,8 @@ class FlowInference(Inference):
             np.zeros(2, dtype=pytensor.config.floatX), name=f"{self.name}_learning_rates"
         )
         self.state_vars: dict[str, SharedVariable] = {}
-        # more_obj_params at the automatic step size: θ's search and its trace (pymc_gpf.hyper)
+        # more_obj_params at the automatic step size: θ's search (pymc_gpf.hyper)
         self.hyper: HyperSearch | None = None
-        self.hyper_trace: list[np.ndarray] = []
         self._hyper_fn = None
         self._progressbar = True  # as the last fit: refine() follows it
         self._start = start
@@ -99,6 +100,15 @@ class FlowInference(Inference):
 
     approx = property(lambda self: self._approx)
     model = property(lambda self: self.target.model)
+    # the record, read-only (pymc_gpf.record.FitRecord)
+    hist = property(lambda self: self.record.free_energy, doc="free energy per accepted step")
+    step_sizes = property(lambda self: self.record.step_sizes, doc="step size per step")
+    outcome = property(lambda self: self.record.outcome, doc="how the last call ended")
+    gradient_evaluations = property(lambda self: self.record.gradient_evaluations)
+    density_evaluations = property(lambda self: self.record.density_evaluations)
+    hyper_trace = property(lambda self: self.record.hyper_trace)
+    # the root of the verdict's and the hyperparameters' draws (seeded per step; saved)
+    check_root = property(lambda self: self._check_root)
 
     # (eta1, eta2) as symbolic scalars, for the methods' step graphs
     learning_rates = property(lambda self: (self._learning_rates[0], self._learning_rates[1]))
@@ -179,6 +189,18 @@ class FlowInference(Inference):
         return self.approx
 
     fit.__doc__ = FIT_DOC
+
+    def restore(
+        self, record: FitRecord, step: int, random_seed, check_root: tuple,
+        noise: np.random.Generator,
+    ) -> None:  # fmt: skip
+        """Continue a saved fit (:func:`pymc_gpf.load`, after :meth:`prepare` and its state
+        variables): its record, step count, seed, verdict stream and noise generator."""
+        self.record = record
+        self.state = State(step, step=self.step, callbacks=[], score=True)
+        self.random_seed = random_seed
+        self._check_root = check_root
+        self.noise_rng.set_value(noise, borrow=True)
 
     def prepare(self, options: FitOptions) -> None:
         """Compile the step for ``options`` (the fit keywords) and set up its controller:
@@ -289,7 +311,7 @@ class FlowInference(Inference):
                 gradient_sum, hessian_sum = self._hyper_fn(batch)
                 grads.append(np.asarray(gradient_sum) / len(batch))
                 hessian = hessian + np.asarray(hessian_sum)
-            self.gradient_evaluations += len(points)  # θ-gradients of log p at q's points
+            self.record.count(gradients=len(points))  # θ-gradients of log p at q's points
             total += len(points)
             gradient = np.mean(grads, axis=0)
             if exact:
@@ -333,7 +355,82 @@ class FlowInference(Inference):
         return stochastic_control(self, options.tol)
 
     def _run(self, n: int, progressbar: bool, progressbar_theme) -> None:
-        run(self, n, progressbar, progressbar_theme)
+        """At most ``n`` steps of the compiled step under the controller: extends the
+        record, raises on a failed step, judges the fit and warns when it is not
+        trustworthy."""
+        self.control.resume()
+        start = self.state.i
+        done = 0
+
+        def observe(free_energy: float, info: dict[str, float]) -> tuple[float, str | None]:
+            nonlocal done
+            size = info.get("step_size", float(self._learning_rates.get_value()[0]))
+            self.record.count(*self._evaluations_per_step())
+            stop = self.control.observe(free_energy, info)
+            done += 1
+            if self.fit_options.more_obj_params:
+                self.record.hyper_trace.append(flat_values(self.fit_options.more_obj_params))
+            if stop is not None:
+                stop = self.hyper_stop(self._on_stop(stop, start + done), start + done)
+            return float(size), stop
+
+        def describe(free_energy: float, info: dict[str, float], stop: str) -> str:
+            why = self.control.describe(stop) if stop else ""
+            return progress_text(
+                free_energy, info, self.fit_options, why,
+                float(self._learning_rates.get_value()[0]), self.control.progress(),
+            )  # fmt: skip
+
+        result = run_steps(
+            self.state.step,
+            n,
+            start=start,
+            title=f"Fitting {self.name.upper()}:",
+            observe=observe,
+            describe=describe,
+            finish=lambda result: self._record_run(result, n),
+            callbacks=self.state.callbacks,
+            approx=self.approx,
+            progressbar=progressbar,
+            theme=progressbar_theme,
+            stops_itself=self.fit_options.tol is not None,
+        )
+        if result.failure is not None:
+            failed = FailedStep(
+                self.name, result.failure, self.state.step.diagnose(self.target),
+                self.fit_options, self.start_points, self.spread_option, len(self.hist),
+            )  # fmt: skip
+            raise explain_failure(failed, self.target, self.approx)
+        if n:
+            self._give_verdict(result.reason)
+
+    def _record_run(self, result: LoopResult, n: int) -> None:
+        """The run is over, whatever ended it: its steps and how it ended go on record."""
+        self.record.extend(result.free_energies, result.step_sizes, result.rolled_back)
+        self.state = self.state._replace(i=len(self.hist))
+        if result.failure is None:
+            result.reason = self.control.conclude(result.reason)
+        message = self.end_message(result.reason)
+        self.record.conclude(
+            fit_outcome(result.reason, n, len(self.hist), self.fit_options, message)
+        )
+        self.control.finish(result.reason)
+        if result.failure is None:
+            self._finish(result.reason)
+
+    def _give_verdict(self, reason: str) -> None:
+        verdict = self.judge()
+        if verdict is None:
+            return
+        checks = verdict.numbers | {
+            "density_evaluations": verdict.density_evaluations,
+            "seconds": round(verdict.seconds, 4),
+        }
+        self.record.judged(verdict.word, verdict.message, checks)
+        if verdict.trustworthy or reason in ("callback", "interrupted"):
+            return
+        # stacklevel: here, _run, fit (or refine), pm.fit's wrapper, the user's code
+        warnings.warn(fit_warning(self.name, self.outcome, verdict), FitWarning, stacklevel=5)
 
 
 def stochastic_control(inference: FlowInference, tol: float) -> Stochastic:

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import logging
 import math
-import warnings
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,14 +19,10 @@ from rich.console import Console
 from rich.progress import BarColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from pymc_gpf.control import Outcome
-from pymc_gpf.errors import FitWarning
-from pymc_gpf.failure import FailedStep, explain_failure
-from pymc_gpf.hyper import flat_values
 from pymc_gpf.options import FitOptions
 from pymc_gpf.stepgraph import CompiledStep
-from pymc_gpf.verdict import NOT_CONVERGED
 
-__all__ = ["LoopResult", "fit_outcome", "progress_text", "run", "run_steps"]
+__all__ = ["LoopResult", "fit_outcome", "progress_text", "run_steps"]
 
 logger = logging.getLogger("pymc_gpf")
 # numba compiles at the first call: tens of seconds for a model new to this machine, about a
@@ -128,112 +123,6 @@ def progress_columns(stops_itself: bool) -> list:
         return [TextColumn("{task.description}"), steps, TimeElapsedColumn()]
     return [TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), steps,
             TimeElapsedColumn()]  # fmt: skip
-
-
-def run(inference, n: int, progressbar: bool, theme) -> None:
-    """At most ``n`` steps of a fitted :class:`~pymc_gpf.engine.FlowInference` (its compiled
-    step, controller and callbacks in ``inference.state``): records the trace, the cost
-    and how the fit ended, raises on a failed step, warns when not converged."""
-    inference.control.resume()
-    start = inference.state.i
-    rate = inference._learning_rates
-
-    done = 0
-
-    def observe(free_energy: float, info: dict[str, float]) -> tuple[float, str | None]:
-        nonlocal done
-        size = info.get("step_size", float(rate.get_value()[0]))
-        grads, densities = inference._evaluations_per_step()
-        inference.gradient_evaluations += grads
-        inference.density_evaluations += densities
-        stop = inference.control.observe(free_energy, info)
-        done += 1
-        if inference.fit_options.more_obj_params:
-            inference.hyper_trace.append(flat_values(inference.fit_options.more_obj_params))
-        if stop is not None:
-            stop = inference.hyper_stop(inference._on_stop(stop, start + done), start + done)
-        return float(size), stop
-
-    def describe(free_energy: float, info: dict[str, float], stop: str) -> str:
-        why = inference.control.describe(stop) if stop else ""
-        return progress_text(
-            free_energy, info, inference.fit_options, why, float(rate.get_value()[0]),
-            inference.control.progress(),
-        )  # fmt: skip
-
-    result = run_steps(
-        inference.state.step,
-        n,
-        start=start,
-        title=f"Fitting {inference.name.upper()}:",
-        observe=observe,
-        describe=describe,
-        finish=lambda result: _record(inference, result, n),
-        callbacks=inference.state.callbacks,
-        approx=inference.approx,
-        progressbar=progressbar,
-        theme=theme,
-        stops_itself=inference.fit_options.tol is not None,
-    )
-    if result.failure is not None:
-        failed = FailedStep(
-            inference.name,
-            result.failure,
-            inference.state.step.diagnose(inference.target),
-            inference.fit_options,
-            inference.start_points,
-            inference.spread_option,
-            len(inference.hist),
-        )
-        raise explain_failure(failed, inference.target, inference.approx)
-    if n == 0:
-        return
-    verdict = inference.judge()
-    if verdict is not None:
-        numbers = verdict.numbers | {
-            "density_evaluations": verdict.density_evaluations,
-            "seconds": round(verdict.seconds, 4),
-        }
-        inference.outcome = replace(
-            inference.outcome,
-            verdict=verdict.word,
-            verdict_message=verdict.message,
-            checks=numbers,
-        )
-    if verdict is None or verdict.trustworthy or result.reason in ("callback", "interrupted"):
-        return
-    name = inference.name.upper()
-    if verdict.word == NOT_CONVERGED:
-        text = f"{name} did not converge: {inference.outcome.message}"
-        text += f". {verdict.remedy}" if verdict.remedy else ""
-    elif inference.outcome.converged is None:
-        text = (
-            f"{name} ran the steps asked for without a convergence test (a fixed learning_rate "
-            f"and no tol), and its q is {verdict.word} (or unfinished): {verdict.cause}"
-        )
-        text += f". {verdict.remedy}" if verdict.remedy else ""
-    else:
-        text = f"{name} converged, but its q is {verdict.word}: {verdict.cause}"
-        text += f". {verdict.remedy}" if verdict.remedy else ""
-    warnings.warn(text, FitWarning, stacklevel=5)
-
-
-def _record(inference, result: LoopResult, n: int) -> None:
-    hist = np.concatenate([inference.hist, result.free_energies])
-    sizes = np.concatenate([inference.step_sizes, result.step_sizes])
-    if result.rolled_back and len(hist):
-        hist, sizes = hist[:-1], sizes[:-1]
-        if inference.hyper_trace:  # θ's entry of the dropped step goes too
-            inference.hyper_trace.pop()
-    inference.hist, inference.step_sizes = hist, sizes
-    inference.state = inference.state._replace(i=len(hist))
-    if result.failure is None:
-        result.reason = inference.control.conclude(result.reason)
-    message = inference.end_message(result.reason)
-    inference.outcome = fit_outcome(result.reason, n, len(hist), inference.fit_options, message)
-    inference.control.finish(result.reason)
-    if result.failure is None:
-        inference._finish(result.reason)
 
 
 def fit_outcome(reason: str, n: int, steps: int, options: FitOptions, message: str) -> Outcome:

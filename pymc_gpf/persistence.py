@@ -23,11 +23,10 @@ import numpy as np
 import pymc as pm
 import xarray as xr
 
-from pymc.variational.inference import State
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.traversal import ancestors
 
-from pymc_gpf.control import Outcome
+from pymc_gpf import record
 from pymc_gpf.datatree import build_datatree
 from pymc_gpf.engine import FlowInference
 from pymc_gpf.errors import CheckpointError
@@ -92,24 +91,18 @@ def _checkpoint(inference: FlowInference) -> xr.Dataset:
         "random_seed": _json(seed if isinstance(seed, int | list | None) else None, "seed"),
         "noise_rng": _json(inference.noise_rng.get_value().bit_generator.state, "rng state"),
         # the root of the verdict's and the hyperparameters' draws (seeded per step)
-        "check_root": _json([inference._check_root[0], list(inference._check_root[1])], "seed"),
+        "check_root": _json([inference.check_root[0], list(inference.check_root[1])], "seed"),
         "flat_coordinates": _json(inference.target.labels, "labels"),
         "data_rngs": _json(inference.target.data_rng_states(), "minibatch rng state"),
         "control": _json(inference.control.state(), "the step-size controller's state"),
         "hyper": _json(
             None if inference.hyper is None else inference.hyper.state(), "the hyperparameters"
         ),
-        "outcome": _json(None if inference.outcome is None else vars(inference.outcome), "outcome"),
         "extra": _json(inference.checkpoint_extra(), "the method's extra state"),
-        "evaluations": _json(
-            [int(inference.gradient_evaluations), int(inference.density_evaluations)], "counts"
-        ),
     }
-    arrays["step_size"] = xr.DataArray(np.asarray(inference.step_sizes), dims=["step_size_dim0"])
-    if inference.hyper_trace:
-        arrays["hyper_trace"] = xr.DataArray(
-            np.asarray(inference.hyper_trace), dims=["hyper_trace_dim0", "hyper_trace_dim1"]
-        )
+    record_arrays, record_attrs = inference.record.checkpoint()
+    arrays |= record_arrays
+    attrs |= record_attrs
     checkpoint = xr.Dataset(arrays, attrs=attrs)
     checkpoint.attrs["checksum"] = _checksum(checkpoint, inference.hist)
     return checkpoint
@@ -279,7 +272,7 @@ def load(
         )
     inference.prepare(_fit_options(inference, attrs))
     expected = set(inference.state_vars)
-    saved = set(checkpoint.data_vars) - {"step_size", "hyper_trace"}
+    saved = set(checkpoint.data_vars) - set(record.ARRAYS)
     if expected != saved:
         raise ValueError(
             f"The checkpoint does not match this version of pymc-gpf's {attrs['method']} "
@@ -287,24 +280,20 @@ def load(
         )
     for key, var in inference.state_vars.items():
         var.set_value(checkpoint[key].values.astype(var.dtype))
-    inference.hist = np.asarray(tree["fit"]["free_energy"].values, dtype=float)
-    inference.step_sizes = np.asarray(checkpoint["step_size"].values, dtype=float)
     inference.target.set_data_rng_states(json.loads(attrs["data_rngs"]))
     inference.control.load(json.loads(attrs["control"]))
     hyper = json.loads(attrs.get("hyper", "null"))
     if hyper is not None and inference.hyper is not None:
         inference.hyper.load(hyper)
-    if "hyper_trace" in checkpoint:
-        inference.hyper_trace = list(np.asarray(checkpoint["hyper_trace"].values, dtype=float))
-    outcome = json.loads(attrs["outcome"])
-    inference.outcome = None if outcome is None else Outcome(**outcome)
     inference.load_checkpoint_extra(json.loads(attrs["extra"]))
-    inference.gradient_evaluations, inference.density_evaluations = json.loads(attrs["evaluations"])
-    inference.state = State(int(attrs["step"]), step=inference.step, callbacks=[], score=True)
-    inference.random_seed = json.loads(attrs["random_seed"])
-    entropy, key = json.loads(attrs["check_root"])
-    inference._check_root = (entropy, tuple(key))
     rng = np.random.default_rng()
     rng.bit_generator.state = json.loads(attrs["noise_rng"])
-    inference.noise_rng.set_value(rng, borrow=True)
+    entropy, key = json.loads(attrs["check_root"])
+    inference.restore(
+        record.FitRecord.load(tree["fit"]["free_energy"].values, checkpoint),
+        int(attrs["step"]),
+        json.loads(attrs["random_seed"]),
+        (entropy, tuple(key)),
+        rng,
+    )
     return inference.approx

@@ -45,6 +45,7 @@ __all__ = [
     "WORDS",
     "ImportanceCheck",
     "Verdict",
+    "fit_warning",
     "importance_check",
     "importance_verdict",
 ]
@@ -498,3 +499,19 @@ def importance_verdict(check: ImportanceCheck, alternative: str, seconds: float)
 
 def elapsed(start: float) -> float:
     return time.perf_counter() - start
+
+
+def fit_warning(name: str, outcome, verdict: Verdict) -> str:
+    """The :class:`FitWarning` text for a fit of method ``name`` that ended with ``outcome``
+    (:class:`pymc_gpf.control.Outcome`) and was judged ``verdict`` (not trustworthy)."""
+    name = name.upper()
+    if verdict.word == NOT_CONVERGED:
+        text = f"{name} did not converge: {outcome.message}"
+    elif outcome.converged is None:
+        text = (
+            f"{name} ran the steps asked for without a convergence test (a fixed learning_rate "
+            f"and no tol), and its q is {verdict.word} (or unfinished): {verdict.cause}"
+        )
+    else:
+        text = f"{name} converged, but its q is {verdict.word}: {verdict.cause}"
+    return f"{text}. {verdict.remedy}" if verdict.remedy else text

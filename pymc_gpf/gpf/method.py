@@ -252,7 +252,7 @@ class GPF(FlowInference):
         if not self.config.auto_particles:
             return reason
         decision = self._stages.check(self.approx, self._method_rng)
-        self.density_evaluations += BIAS_DRAWS
+        self.record.count(densities=BIAS_DRAWS)
         if decision != "double":
             return reason if decision == "unbiased" else decision
         return None if self._grow(step_count, {}) else "biased"

@@ -256,4 +256,4 @@ class WVGD(FlowInference):
     def _finish(self, reason: str) -> None:
         if self.target.minibatch and len(self.hist):
             rng = np.random.default_rng(seed_sequence(self.random_seed).spawn(5)[4])
-            self.density_evaluations += self.approx.estimate_cell_weights(rng)
+            self.record.count(densities=self.approx.estimate_cell_weights(rng))
