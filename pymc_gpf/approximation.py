@@ -59,7 +59,7 @@ class FlowApproximation:
     def free_energy(self) -> float:
         """The free energy of the fitted state: the last recorded value (GPF: of the state
         it ended on, which an early stop may have restored); ``nan`` before any step."""
-        final = getattr(self.inference, "final_free_energy", None)
+        final = self.inference.final_free_energy
         if final is not None:
             return float(final)
         return float(self.hist[-1]) if len(self.hist) else float("nan")

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["is_integer", "positive", "renamed", "seed_sequence"]
+__all__ = ["check_particles", "is_integer", "positive", "renamed", "seed_sequence"]
 
 
 def positive(name: str, value: Any) -> float:
@@ -19,6 +19,29 @@ def positive(name: str, value: Any) -> float:
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value!r}.")
     return float(value)
+
+
+def check_particles(particles, dtype: str, labels: list[str], symbol: str, at_least: int = 1):
+    """Explicit starting particles ``(symbol, D)``, checked: at least ``at_least`` of them,
+    finite, and (for more than one) not identical in any coordinate, where they would never
+    separate."""
+    particles = np.array(particles, dtype=dtype)
+    d = len(labels)
+    if particles.ndim != 2 or particles.shape[1] != d or particles.shape[0] < at_least:
+        more = f" with {symbol} >= {at_least}" if at_least > 1 else ""
+        raise ValueError(
+            f"initial_particles must have shape ({symbol}, {d}){more} (flat unconstrained "
+            f"coordinates {labels}), got {particles.shape}."
+        )
+    if not np.all(np.isfinite(particles)):
+        raise ValueError("initial_particles contains non-finite values.")
+    frozen = np.ptp(particles, axis=0) == 0
+    if len(particles) > 1 and frozen.any():
+        raise ValueError(
+            f"initial_particles are identical along {np.asarray(labels)[frozen]}"
+            "; particles that coincide in a coordinate never separate. Add noise."
+        )
+    return particles
 
 
 def is_integer(value: Any, minimum: int) -> bool:

@@ -74,6 +74,8 @@ class Diagnosis:
     minibatch: bool = False
     free_energy: float | None = None
     unconverged: str | None = None  # why the fit did not converge, if it did not
+    # the fit's free energy is its particles' (a quadrature that finite N can bias low)
+    particle_free_energy: bool = False
     proposal: Any = field(default=None, repr=False)  # q, as drawn from
 
     @property
@@ -114,7 +116,7 @@ class Diagnosis:
     def finite_n_bias(self) -> bool:
         """Whether GPF's particle free energy is significantly below ``-ELBO``."""
         excess = self.free_energy_gap - 3.0 * self.elbo_mcse
-        return self.method == "gpf" and bool(excess > FREE_ENERGY_GAP_TOLERANCE)
+        return self.particle_free_energy and bool(excess > FREE_ENERGY_GAP_TOLERANCE)
 
     @property
     def log_evidence(self) -> float:
@@ -352,7 +354,7 @@ def diagnose(
         ridge = getattr(q, "ridge", None)
     else:
         log_weights, k, ridge = np.full(len(log_p), -np.log(len(log_p))), float("nan"), None
-    final = getattr(approx.inference, "final_free_energy", None)
+    final = approx.inference.final_free_energy
     outcome = approx.inference.outcome
     diagnosis = Diagnosis(
         approx.inference.name,
@@ -366,6 +368,7 @@ def diagnose(
         minibatch=approx.target.minibatch,
         free_energy=final if final is not None else _final_free_energy(approx.hist),
         unconverged=outcome.message if outcome is not None and outcome.converged is False else None,
+        particle_free_energy=approx.inference.particle_free_energy,
         proposal=q,
     )
     approx.diagnosis = diagnosis

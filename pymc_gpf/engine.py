@@ -46,8 +46,10 @@ from pymc_gpf.verdict import NOT_CONVERGED, UNCONVERGED_REMEDIES, Verdict, fit_w
 
 __all__ = ["FlowInference", "configure"]
 
-CHECK_STREAM = 5  # spawn key of the verdict's random stream (0-3: the fit's, 4: WVGD's)
-HYPER_STREAM = 6  # and of the hyperparameters' draws of q
+# spawn keys of the fit's streams under its seed (0-3: start, data, noise, the method's own)
+END_STREAM = 4  # a method's draws at the end of a fit (WVGD's cell weights on minibatches)
+CHECK_STREAM = 5  # the verdict's draws, per step count
+HYPER_STREAM = 6  # the hyperparameters' draws of q, per step
 HYPER_DRAWS, HYPER_MAX_DRAWS, HYPER_BATCH = 4096, 32768, 512  # q's draws for θ's step
 
 
@@ -69,6 +71,11 @@ class FlowInference(Inference):
 
     Subclasses set :attr:`name` and implement the hooks of
     :class:`pymc_gpf.protocols.Method` (build the approximation, build the step).
+
+    Every method takes ``model``, ``random_seed`` and ``start`` as ``pm.fit`` does, and
+    ``devices``: the JAX devices to split the particles or draws across
+    (``backend="jax"``; a number, a list of devices or a ``jax.sharding.Mesh``; docs:
+    "Scaling up").
     """
 
     name: ClassVar[str] = ""
@@ -77,6 +84,8 @@ class FlowInference(Inference):
     spread_option: ClassVar[str] = "init_scale"  # the option setting the initial spread
     renamed_options: ClassVar[dict[str, str]] = {}  # old constructor keyword -> new
     start_points: ClassVar[str] = "particles"  # what the first step evaluates
+    # the free energy recorded is the particles' own (GPF: a quadrature finite N can bias low)
+    particle_free_energy: ClassVar[bool] = False
 
     def __init__(self, *, model=None, random_seed=None, start=None, devices=None):
         self.target = BatchedTarget(model)
@@ -114,6 +123,12 @@ class FlowInference(Inference):
     learning_rates = property(lambda self: (self._learning_rates[0], self._learning_rates[1]))
 
     # ---------------------- optional hooks (the required ones: pymc_gpf.protocols.Method)
+    @property
+    def final_free_energy(self) -> float | None:
+        """The free energy of the state the fit ended on, where the method knows it
+        exactly (GPF); ``None``: read it from the trace."""
+        return None
+
     def checkpoint_extra(self) -> dict[str, Any]:
         return {}
 
@@ -190,6 +205,17 @@ class FlowInference(Inference):
 
     fit.__doc__ = FIT_DOC
 
+    def stream(self, *key: int) -> np.random.SeedSequence:
+        """The seed of one of the fit's streams (``END_STREAM``, ``CHECK_STREAM``, ...), a
+        child of its ``random_seed`` (saved with the fit, so a loaded fit draws the same)."""
+        entropy, root = self._check_root
+        return np.random.SeedSequence(entropy, spawn_key=(*root, *key))
+
+    def set_step_size(self, rate: float) -> None:
+        """The step size of the next steps (both ``eta1`` and ``eta2``): a controller's."""
+        rates = self._learning_rates
+        rates.set_value(np.full(2, rate, dtype=rates.dtype))
+
     def restore(
         self, record: FitRecord, step: int, random_seed, check_root: tuple,
         noise: np.random.Generator,
@@ -254,8 +280,7 @@ class FlowInference(Inference):
         outcome = self.outcome
         if outcome.converged is False:
             return Verdict(NOT_CONVERGED, outcome.message, self._remedy(outcome.reason))
-        entropy, key = self._check_root
-        seed = np.random.SeedSequence(entropy, spawn_key=(*key, CHECK_STREAM, len(self.hist)))
+        seed = self.stream(CHECK_STREAM, len(self.hist))
         verdict = self.approx.check_fit(np.random.default_rng(seed), self.fit_options.check_draws)
         params = self.fit_options.more_obj_params
         if verdict is None or verdict.trustworthy or not params:
@@ -300,8 +325,7 @@ class FlowInference(Inference):
                 self.target, options.more_obj_params, options.compile_backend,
                 options.compile_kwargs,
             )  # fmt: skip
-        entropy, key = self._check_root
-        seed = np.random.SeedSequence(entropy, spawn_key=(*key, HYPER_STREAM, step))
+        seed = self.stream(HYPER_STREAM, step)
         rng = np.random.default_rng(seed)
         grads, hessian, total, draws = [], 0.0, 0, HYPER_DRAWS
         while True:
@@ -436,7 +460,6 @@ class FlowInference(Inference):
 def stochastic_control(inference: FlowInference, tol: float) -> Stochastic:
     """The schedule of a stochastic objective, acting on the fit's parameters and step
     size."""
-    rates = inference._learning_rates
     return Stochastic(
         tol,
         location=lambda: inference.approx.location(),
@@ -445,7 +468,7 @@ def stochastic_control(inference: FlowInference, tol: float) -> Stochastic:
             p.set_value(a.astype(p.dtype))
             for p, a in zip(inference.approx.params, arrays, strict=True)
         ],
-        set_rate=lambda rate: rates.set_value(np.full(2, rate, dtype=rates.dtype)),
+        set_rate=inference.set_step_size,
     )
 
 

@@ -110,7 +110,14 @@ def parse_learning_rate(learning_rate) -> tuple[float, float] | None:
 def resolve_natural_mean(option: bool | None, options: FitOptions | None) -> bool:
     """Whether GPF and GF precondition the mean step: as the user said, else on with the
     automatic step size (where both steps are natural) and off with a fixed one (the
-    papers' updates as printed)."""
+    papers' updates as printed). ``False`` with the automatic step size is an error: its
+    steps are natural-gradient steps, whose mean step is ``C g_bar``."""
+    if option is False and options is not None and options.auto:
+        raise ValueError(
+            "natural_mean=False needs a fixed learning_rate: the automatic step size uses "
+            "natural-gradient steps, whose mean step is C g_bar. Drop natural_mean or pass "
+            "e.g. learning_rate=1e-3."
+        )
     if option is not None:
         return option
     return options is not None and options.auto

@@ -222,11 +222,8 @@ class Ensemble(FlowInference):
         field where ``D > 4 N``) or, with ``pm.Minibatch`` data or if that fit fails, by the
         ensemble's own covariance, re-estimated during burn-in and frozen after it (default
         ``True``); ``False`` runs the paper's plain scheme.
-    model, random_seed, start
-        As in ``pm.fit``.
-    devices
-        JAX devices to split the particles or draws across (``backend="jax"``; a number, a
-        list of devices or a ``jax.sharding.Mesh``; docs: "Scaling up").
+    model, random_seed, start, devices
+        As in ``pm.fit``; ``devices`` as in :class:`~pymc_gpf.engine.FlowInference`.
 
     Notes
     -----
@@ -338,9 +335,7 @@ class Ensemble(FlowInference):
                 self.approx.state.particles.get_value(),
                 self.approx.state.drift.get_value(),
             ),
-            set_rate=lambda eta: self._learning_rates.set_value(
-                np.full(2, eta, dtype=self.target.dtype)
-            ),
+            set_rate=self.set_step_size,
             preconditioner=self.approx.preconditioner if self._preconditioned(options) else None,
             minibatch_fraction=self.target.minibatch_fraction,
             rate=rate,

@@ -170,11 +170,8 @@ class GF(FlowInference):
         ``"initial_point"`` (the model's initial point, updated by ``start``) or ``"map"``.
     init_scale
         The initial factor is ``init_scale`` times the first ``K`` columns of the identity.
-    model, random_seed, start
-        As in ``pm.fit``.
-    devices
-        JAX devices to split the particles or draws across (``backend="jax"``; a number, a
-        list of devices or a ``jax.sharding.Mesh``; docs: "Scaling up").
+    model, random_seed, start, devices
+        As in ``pm.fit``; ``devices`` as in :class:`~pymc_gpf.engine.FlowInference`.
 
     Notes
     -----
@@ -259,11 +256,7 @@ class GF(FlowInference):
                 self.learning_rates, options.more_obj_params,
             )  # fmt: skip
             return StepGraph(state, new, info)
-        if self.natural_mean is False:
-            raise ValueError(
-                "natural_mean=False needs a fixed learning_rate: the automatic step size "
-                "uses natural-gradient steps. Drop natural_mean or pass a learning_rate."
-            )
+        resolve_natural_mean(self.natural_mean, options)  # refuses natural_mean=False here
         pairs = self._pairs(options)
         if self.structure.diagonal:
             draws = standard_normal(self.noise_rng, (pairs, self.target.ndim))

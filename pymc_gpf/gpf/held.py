@@ -100,11 +100,6 @@ def build(
             state, shape, target, structure, natural, transforms, rates, options.more_obj_params
         )
         return StepGraph(state, new, info), None
-    if natural_mean is False:
-        raise ValueError(
-            "natural_mean=False needs a fixed learning_rate: the automatic step size "
-            "uses the natural flow, whose mean step is C g_bar. Drop natural_mean or "
-            "pass e.g. learning_rate=1e-3."
-        )
+    resolve_natural_mean(natural_mean, options)  # refuses natural_mean=False here
     auto = AutoStep(particles, structure, rng)
     return auto.graph(rates[0], target), auto

@@ -14,7 +14,7 @@ import pytensor.tensor as pt
 import xarray as xr
 
 from pymc_gpf.approximation import GaussianApproximation, ParticlesMixin
-from pymc_gpf.checks import renamed
+from pymc_gpf.checks import check_particles, renamed
 from pymc_gpf.control import Control, Deterministic
 from pymc_gpf.engine import FlowInference
 from pymc_gpf.gaussian import GaussianQ
@@ -25,7 +25,6 @@ from pymc_gpf.gpf.particles import (
     ParticleStages,
     biased_message,
     can_double,
-    check_particles,
     restart_cloud,
     start_cloud,
 )
@@ -132,11 +131,8 @@ class GPF(FlowInference):
     initial_particles
         Explicit ``(N, D)`` starting particles in flat unconstrained space (overrides
         ``init``/``init_scale``/``cloud``; column order as ``approx.target.labels``).
-    model, random_seed, start
-        As in ``pm.fit``.
-    devices
-        JAX devices to split the particles or draws across (``backend="jax"``; a number, a
-        list of devices or a ``jax.sharding.Mesh``; docs: "Scaling up").
+    model, random_seed, start, devices
+        As in ``pm.fit``; ``devices`` as in :class:`~pymc_gpf.engine.FlowInference`.
     """
 
     name = "gpf"
@@ -166,13 +162,14 @@ class GPF(FlowInference):
 
     stages = property(lambda self: self._stages.stages)
     final_free_energy = property(lambda self: self._stages.final_free_energy)
+    particle_free_energy = True
 
     def _initialise(self) -> GPFApproximation:
         config, target = self.config, self.target
         self.structure = parse_structure(config.structure, target)
         self._stages = ParticleStages()
         if self.initial_particles is not None:
-            particles = check_particles(self.initial_particles, target.dtype, target.labels)
+            particles = check_particles(self.initial_particles, target.dtype, target.labels, "N", 2)
             self.config = replace(config, n_particles=len(particles))
             return GPFApproximation(self, particles)
         particles = start_cloud(

@@ -27,7 +27,6 @@ from pymc_gpf.protocols import FittedApproximation
 __all__ = [
     "ParticleStages",
     "check_init_scale",
-    "check_particles",
     "default_n_particles",
     "restart_cloud",
     "start_cloud",
@@ -57,26 +56,6 @@ def default_n_particles(ndim: int) -> int:
         )
         n = MAX_DEFAULT_PARTICLES
     return n
-
-
-def check_particles(particles, dtype: str, labels: list[str]) -> np.ndarray:
-    """Explicit starting particles ``(N, D)``, checked."""
-    particles = np.array(particles, dtype=dtype)
-    d = len(labels)
-    if particles.ndim != 2 or particles.shape[1] != d or particles.shape[0] < 2:
-        raise ValueError(
-            f"initial_particles must have shape (N, {d}) with N >= 2 (flat unconstrained "
-            f"coordinates {labels}), got {particles.shape}."
-        )
-    if not np.all(np.isfinite(particles)):
-        raise ValueError("initial_particles contains non-finite values.")
-    frozen = np.ptp(particles, axis=0) == 0
-    if frozen.any():
-        raise ValueError(
-            f"initial_particles are identical along {np.asarray(labels)[frozen]}"
-            "; particles that coincide in a coordinate never separate. Add noise."
-        )
-    return particles
 
 
 def check_init_scale(scale) -> float:

@@ -11,8 +11,8 @@ import pytensor
 import xarray as xr
 
 from pymc_gpf.approximation import FlowApproximation
-from pymc_gpf.checks import renamed, seed_sequence
-from pymc_gpf.engine import FlowInference
+from pymc_gpf.checks import check_particles, renamed, seed_sequence
+from pymc_gpf.engine import END_STREAM, FlowInference
 from pymc_gpf.options import FitOptions
 from pymc_gpf.start import initial_centre
 from pymc_gpf.stepgraph import StepGraph, dynamic_rows, share, share_transform, standard_normal
@@ -164,11 +164,8 @@ class WVGD(FlowInference):
     initial_particles
         Explicit ``(J, D)`` starting particles in flat unconstrained space (overrides
         ``init``); the local Gaussians start on them.
-    model, random_seed, start
-        As in ``pm.fit``.
-    devices
-        JAX devices to split the particles or draws across (``backend="jax"``; a number, a
-        list of devices or a ``jax.sharding.Mesh``; docs: "Scaling up").
+    model, random_seed, start, devices
+        As in ``pm.fit``; ``devices`` as in :class:`~pymc_gpf.engine.FlowInference`.
 
     Notes
     -----
@@ -209,7 +206,7 @@ class WVGD(FlowInference):
     def _initialise(self) -> WVGDApproximation:
         config, target = self.config, self.target
         if self.initial_particles is not None:
-            particles = step.check_particles(self.initial_particles, target.dtype, target.labels)
+            particles = check_particles(self.initial_particles, target.dtype, target.labels, "J")
             self.config = replace(config, n_particles=len(particles))
             return WVGDApproximation(self, particles, config.init_scale)
         centre = initial_centre(target, self._start, config.init, self._init_rng)
@@ -255,5 +252,5 @@ class WVGD(FlowInference):
 
     def _finish(self, reason: str) -> None:
         if self.target.minibatch and len(self.hist):
-            rng = np.random.default_rng(seed_sequence(self.random_seed).spawn(5)[4])
+            rng = np.random.default_rng(self.stream(END_STREAM))
             self.record.count(densities=self.approx.estimate_cell_weights(rng))

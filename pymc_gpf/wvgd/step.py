@@ -69,20 +69,6 @@ def init_state(particles: np.ndarray, local_scale: float) -> WVGDState:
     )
 
 
-def check_particles(particles, dtype: str, labels: list[str]) -> np.ndarray:
-    """Explicit starting particles ``(J, D)``, checked."""
-    particles = np.array(particles, dtype=dtype)
-    d = len(labels)
-    if particles.ndim != 2 or particles.shape[1] != d or not len(particles):
-        raise ValueError(
-            f"initial_particles must have shape (J, {d}) (flat unconstrained "
-            f"coordinates {labels}), got {particles.shape}."
-        )
-    if not np.all(np.isfinite(particles)):
-        raise ValueError("initial_particles contains non-finite values.")
-    return particles
-
-
 class Cells(NamedTuple):
     """What one evaluation says about the cells: the draws' log-densities and gradients
     (flat, for diagnostics), which draws each cell accepted, the cell weights ``beta``, the
