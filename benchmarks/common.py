@@ -140,7 +140,7 @@ class MethodSpec:
         if self.method == "gf":
             return inference.resolved_draws(inference.fit_options)
         if self.method == "wvgd":
-            return int(inference.n_particles) * int(inference.draws_per_particle)
+            return int(inference.resolved.n_particles) * int(inference.config.draws_per_particle)
         if self.method == "svgd":
             return int(inference.approx.histogram.get_value().shape[0])
         if self.method == "ensemble":

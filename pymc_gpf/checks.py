@@ -23,8 +23,8 @@ def positive(name: str, value: Any) -> float:
 
 def check_particles(particles, dtype: str, labels: list[str], symbol: str, at_least: int = 1):
     """Explicit starting particles ``(symbol, D)``, checked: at least ``at_least`` of them,
-    finite, and (for more than one) not identical in any coordinate, where they would never
-    separate."""
+    finite, and (where the method needs a spread, ``at_least > 1``) not identical in any
+    coordinate, where they would never separate."""
     particles = np.array(particles, dtype=dtype)
     d = len(labels)
     if particles.ndim != 2 or particles.shape[1] != d or particles.shape[0] < at_least:
@@ -36,7 +36,7 @@ def check_particles(particles, dtype: str, labels: list[str], symbol: str, at_le
     if not np.all(np.isfinite(particles)):
         raise ValueError("initial_particles contains non-finite values.")
     frozen = np.ptp(particles, axis=0) == 0
-    if len(particles) > 1 and frozen.any():
+    if at_least > 1 and frozen.any():
         raise ValueError(
             f"initial_particles are identical along {np.asarray(labels)[frozen]}"
             "; particles that coincide in a coordinate never separate. Add noise."

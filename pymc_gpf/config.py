@@ -1,7 +1,8 @@
 """A method's constructor options: a frozen dataclass that checks and normalises itself.
 
-The engine reads a method's options from its config (``inference.n_particles``), saves
-``config.options()`` with a fit and rebuilds the method from them.
+A method reads its options from ``inference.config`` (as given; never replaced) and
+``inference.resolved`` (as the fit resolved them, e.g. a particle count); the engine saves
+``resolved.options()`` with a fit and rebuilds the method from them.
 """
 
 from __future__ import annotations

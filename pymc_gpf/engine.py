@@ -62,7 +62,7 @@ def rebuild(cls: type[FlowInference], model: pm.Model, options: dict[str, Any]) 
             options[new] = options.pop(old)
     init = options.pop("init", INITS[0])
     inference = cls(model=model, init=INITS[0], **options)
-    inference.config = replace(inference.config, init=init)
+    inference.resolved = replace(inference.resolved, init=init)
     return inference
 
 
@@ -105,6 +105,9 @@ class FlowInference(Inference):
         self._progressbar = True  # as the last fit: refine() follows it
         self._start = start
         self._seed(random_seed)
+        # the options as this fit resolved them (a particle count for initial_particles,
+        # GF's rank): set by the method's _initialise; ``config`` stays as given
+        self.resolved = self.config
         self._approx = self._initialise()
 
     approx = property(lambda self: self._approx)
@@ -149,16 +152,10 @@ class FlowInference(Inference):
 
     from_options = classmethod(rebuild)
 
-    def __getattr__(self, name: str) -> Any:
-        # a method's options read as attributes (inference.n_particles), from its config
-        config = self.__dict__.get("config")
-        if config is not None and not name.startswith("_") and hasattr(config, name):
-            return getattr(config, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     def constructor_options(self) -> dict[str, Any]:
-        """The constructor keywords that rebuild this inference (JSON-able; for saving)."""
-        return self.config.options()
+        """The constructor keywords that rebuild this inference (JSON-able; for saving), as
+        this fit resolved them (:attr:`resolved`)."""
+        return self.resolved.options()
 
     def settings(self) -> dict[str, Any]:
         """The options of this fit, as stored in the method's DataTree group."""

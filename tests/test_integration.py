@@ -71,7 +71,7 @@ def test_inf_kwargs_and_instance_path(regression_model):
         inf_kwargs={"n_particles": 7, "natural_mean": True, "init_scale": 0.5},
         progressbar=False,
     )
-    assert approx.inference.n_particles == 7 and approx.inference.natural_mean
+    assert approx.inference.resolved.n_particles == 7 and approx.inference.config.natural_mean
     assert approx.particles.shape == (7, 3)
     gpf = pymc_gpf.GPF(5, model=regression_model)
     assert isinstance(gpf, pm.variational.Inference)

@@ -67,12 +67,14 @@ class Toy(FlowInference):
         super().__init__(**kwargs)
 
     def _initialise(self) -> ToyApproximation:
-        centre = initial_centre(self.target, self._start, self.init, self._init_rng)
-        noise = self._init_rng.standard_normal((self.n_particles, self.target.ndim))
-        return ToyApproximation(self, (centre + self.init_scale * noise).astype(self.target.dtype))
+        centre = initial_centre(self.target, self._start, self.config.init, self._init_rng)
+        noise = self._init_rng.standard_normal((self.config.n_particles, self.target.ndim))
+        return ToyApproximation(
+            self, (centre + self.config.init_scale * noise).astype(self.target.dtype)
+        )
 
     def _evaluations_per_step(self) -> tuple[int, int]:
-        return self.n_particles, 0
+        return self.config.n_particles, 0
 
     def _build_step(self, options) -> StepGraph:
         state = ToyState(self.approx.shared_particles)

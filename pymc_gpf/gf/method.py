@@ -105,7 +105,7 @@ class GFApproximation(GaussianApproximation):
         return list(self.structure.blocks)
 
     def _why_singular(self) -> str:
-        return f"its factor Gamma has rank {self.inference.rank}"
+        return f"its factor Gamma has rank {self.inference.resolved.rank}"
 
     def gaussian(self) -> GaussianQ:
         """The fitted ``q = N(mu, Gamma Gamma^T)`` (NumPy; degenerate when ``K < D``)."""
@@ -209,7 +209,7 @@ class GF(FlowInference):
         config, d = self.config, self.target.ndim
         self.structure = parse_structure(config.structure, self.target)
         rank = check_rank(config.rank, self.structure, d)
-        self.config = replace(config, rank=rank)
+        self.resolved = replace(config, rank=rank)
         mean = initial_centre(self.target, self._start, config.init, self._init_rng)
         factors = initial_factors(self.structure, rank, config.init_scale, d, self.target.dtype)
         return GFApproximation(self, mean.astype(self.target.dtype), factors)
@@ -219,17 +219,17 @@ class GF(FlowInference):
             "ranks": [f.shape[-1] for f in self.approx.factors],
             "draws_per_step": self.resolved_draws(self.fit_options),
             "structure": self.structure.describe(),
-            "natural_mean": resolve_natural_mean(self.natural_mean, self.fit_options),
+            "natural_mean": resolve_natural_mean(self.config.natural_mean, self.fit_options),
         }
 
     def _pairs(self, options: FitOptions | None) -> int:
-        return draw_pairs(self.draws_per_step, [f.shape[-1] for f in self.approx.factors])
+        return draw_pairs(self.config.draws_per_step, [f.shape[-1] for f in self.approx.factors])
 
     def resolved_draws(self, options: FitOptions | None) -> int:
         """Draws of q each step: ``draws_per_step``, or its automatic value."""
         if options is not None and options.auto:
             return 2 * self._pairs(options)
-        return 10 if self.draws_per_step == AUTO else int(self.draws_per_step)
+        return 10 if self.config.draws_per_step == AUTO else int(self.config.draws_per_step)
 
     def _build_step(self, options: FitOptions) -> StepGraph:
         q = self.approx.state
@@ -250,13 +250,13 @@ class GF(FlowInference):
                     for t, f in zip(transforms[1], q.factor, strict=True)
                 ),
             )
-            natural_mean = resolve_natural_mean(self.natural_mean, options)
+            natural_mean = resolve_natural_mean(self.config.natural_mean, options)
             new, info = step.fixed_step(
                 state, noise, self.target, self.structure, natural_mean, transforms,
                 self.learning_rates, options.more_obj_params,
             )  # fmt: skip
             return StepGraph(state, new, info)
-        resolve_natural_mean(self.natural_mean, options)  # refuses natural_mean=False here
+        resolve_natural_mean(self.config.natural_mean, options)  # refuses natural_mean=False here
         pairs = self._pairs(options)
         if self.structure.diagonal:
             draws = standard_normal(self.noise_rng, (pairs, self.target.ndim))

@@ -168,9 +168,10 @@ class GPF(FlowInference):
         config, target = self.config, self.target
         self.structure = parse_structure(config.structure, target)
         self._stages = ParticleStages()
+        self.resolved = config
         if self.initial_particles is not None:
             particles = check_particles(self.initial_particles, target.dtype, target.labels, "N", 2)
-            self.config = replace(config, n_particles=len(particles))
+            self.resolved = replace(config, n_particles=len(particles))
             return GPFApproximation(self, particles)
         particles = start_cloud(
             config.n_particles, config.cloud, config.init_scale, target.ndim,
@@ -181,14 +182,14 @@ class GPF(FlowInference):
 
     def _fitted_settings(self) -> dict:
         explicit = self.initial_particles is not None
-        cloud = "initial_particles" if explicit else self.config.resolved_cloud
+        cloud = "initial_particles" if explicit else self.resolved.resolved_cloud
         return {
             "n_particles": len(self.approx.particles),
-            "n_particles_option": self.config.n_particles,
+            "n_particles_option": self.resolved.n_particles,
             "structure": self.structure.describe(),
-            "natural_mean": resolve_natural_mean(self.natural_mean, self.fit_options),
+            "natural_mean": resolve_natural_mean(self.config.natural_mean, self.fit_options),
             "cloud": cloud,
-            "init": "initial_particles" if explicit else self.init,
+            "init": "initial_particles" if explicit else self.resolved.init,
         } | self._stages.settings()
 
     # backtracking needs a deterministic free energy: full data
@@ -197,7 +198,7 @@ class GPF(FlowInference):
     def _build_step(self, options: FitOptions) -> StepGraph:
         rng = self._method_rng if self._line_search else None
         graph, self._auto = held.build(
-            self.approx.shared_particles, self.target, self.structure, self.natural_mean,
+            self.approx.shared_particles, self.target, self.structure, self.config.natural_mean,
             options, self.learning_rates, rng,
         )  # fmt: skip
         return graph
@@ -246,7 +247,7 @@ class GPF(FlowInference):
         if reason != "converged":
             return reason
         self._stages.final_free_energy = self._auto.finish(restore_best=False)
-        if not self.config.auto_particles:
+        if not self.resolved.auto_particles:
             return reason
         decision = self._stages.check(self.approx, self._method_rng)
         self.record.count(densities=BIAS_DRAWS)
@@ -272,7 +273,7 @@ class GPF(FlowInference):
         ``n_particles`` may still grow; ``why`` goes into the stage's record (a biased free
         energy records its gap when checked)."""
         n = len(self.approx.particles)
-        if not (self.config.auto_particles and can_double(n, self.target.ndim)):
+        if not (self.resolved.auto_particles and can_double(n, self.target.ndim)):
             return False
         if not self._restart_cloud(2 * n):
             return False
@@ -299,7 +300,7 @@ class GPF(FlowInference):
             n = len(self.approx.particles)
             more = (
                 f"{n} particles are the cap of the automatic n_particles"
-                if self.config.auto_particles
+                if self.resolved.auto_particles
                 else f"n_particles={n} was given: pass more, or n_particles='auto'"
             )
             return f"{super()._describe(reason)} ({more})"

@@ -205,9 +205,10 @@ class WVGD(FlowInference):
 
     def _initialise(self) -> WVGDApproximation:
         config, target = self.config, self.target
+        self.resolved = config
         if self.initial_particles is not None:
             particles = check_particles(self.initial_particles, target.dtype, target.labels, "J")
-            self.config = replace(config, n_particles=len(particles))
+            self.resolved = replace(config, n_particles=len(particles))
             return WVGDApproximation(self, particles, config.init_scale)
         centre = initial_centre(target, self._start, config.init, self._init_rng)
         j, d = config.n_particles, target.ndim
@@ -217,15 +218,15 @@ class WVGD(FlowInference):
 
     def _fitted_settings(self) -> dict:
         return {
-            "init": self.init if self.initial_particles is None else "initial_particles",
+            "init": self.config.init if self.initial_particles is None else "initial_particles",
             "free_energy": "-(sum_j beta_j ELBO_j + H(beta)), the mixture's -ELBO",
         }
 
     def _build_step(self, options: FitOptions) -> StepGraph:
         q = self.approx.state
-        j, d, m = q.particles.shape[0], self.target.ndim, self.draws_per_particle
+        j, d, m = q.particles.shape[0], self.target.ndim, self.config.draws_per_particle
         noise = standard_normal(self.noise_rng, (j, m, d))
-        decay = 1.0 - 1.0 / float(self.weight_memory)
+        decay = 1.0 - 1.0 / float(self.config.weight_memory)
         if options.auto:
             recorded = pytensor.shared(
                 np.asarray(np.inf, dtype=self.target.dtype), "wvgd_free_energy"
@@ -248,7 +249,7 @@ class WVGD(FlowInference):
 
     def _evaluations_per_step(self) -> tuple[int, int]:
         j = self.approx.state.particles.get_value(borrow=True).shape[0]
-        return j * int(self.draws_per_particle), 0
+        return j * int(self.config.draws_per_particle), 0
 
     def _finish(self, reason: str) -> None:
         if self.target.minibatch and len(self.hist):

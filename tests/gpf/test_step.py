@@ -27,12 +27,12 @@ def test_the_natural_step_is_newton_on_a_gaussian_target():
     structure = Structure("full", d, (np.arange(d),))
     natural, _ = step.init_natural(particles, structure, None)
     state = step.NaturalState(*(pytensor.shared(v) for v in natural))
-    moved, new, search, info, _ = step.natural_step(
-        shared, state, None, pytensor.shared(1.0)[()], target, structure, [d]
+    new, info = step.natural_step(
+        step.AutoState(shared, state, None), pytensor.shared(1.0)[()], target, structure, [d]
     )
-    assert search is None
+    assert new.search is None
     # a state with nothing evaluated yet moves nowhere: the step evaluates the flow there
-    values = compile_function([], [moved, *new, info["accepted"]], QUICK_C)()
+    values = compile_function([], [new.particles, *new.natural, info.accepted], QUICK_C)()
     moved, shift, linear, _, decrement_mean, decrement_cov, accepted = values
     np.testing.assert_allclose(moved, particles, rtol=0, atol=0)
     np.testing.assert_allclose(shift, start - mu, rtol=1e-10, atol=1e-10)
