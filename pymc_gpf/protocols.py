@@ -7,11 +7,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pymc as pm
 import xarray as xr
+
+if TYPE_CHECKING:  # type names only: these modules import this one's users
+    from pymc_gpf.config import MethodConfig
+    from pymc_gpf.diagnostics import Diagnosis
+    from pymc_gpf.engine import FlowInference
+    from pymc_gpf.gaussian import GaussianQ
+    from pymc_gpf.options import FitOptions
+    from pymc_gpf.stepgraph import StepGraph
+    from pymc_gpf.target import BatchedTarget
 
 __all__ = ["FittedApproximation", "Method"]
 
@@ -19,27 +28,29 @@ __all__ = ["FittedApproximation", "Method"]
 class FittedApproximation(Protocol):
     """A fitted pymc-gpf approximation (:class:`~pymc_gpf.approximation.FlowApproximation`)."""
 
-    inference: Any  # the FlowInference that fitted it
-    diagnosis: Any  # the last pymc_gpf.diagnose result, or None
+    inference: FlowInference  # the inference that fitted it
+    diagnosis: Diagnosis | None  # the last pymc_gpf.diagnose result
 
     @property
     def model(self) -> pm.Model: ...
 
     @property
-    def target(self) -> Any: ...
+    def target(self) -> BatchedTarget: ...
 
     @property
     def hist(self) -> np.ndarray: ...
 
-    def gaussian(self) -> Any: ...
+    def gaussian(self) -> GaussianQ: ...
 
-    def proposal(self, ridge: bool | float | None, rng: np.random.Generator) -> Any: ...
+    def proposal(
+        self, ridge: bool | float | None, rng: np.random.Generator
+    ) -> tuple[Any, str | None]: ...  # (q to draw from or None, why q has no density)
 
     def log_density(self, points: np.ndarray) -> np.ndarray: ...
 
-    def refine(self, n: int, **kwargs) -> Any: ...
+    def refine(self, n: int, **kwargs) -> FittedApproximation: ...
 
-    def sample(self, draws: int = ..., **kwargs) -> Any: ...
+    def sample(self, draws: int = ..., **kwargs) -> xr.DataTree: ...
 
     def fit_group(self) -> xr.Dataset: ...
 
@@ -53,12 +64,13 @@ class Method(Protocol):
     in a single module)."""
 
     name: str
-    config: Any  # a frozen pymc_gpf.config.MethodConfig: the constructor's options
+    config: MethodConfig  # the constructor's options, frozen
+    resolved: MethodConfig  # the options as the fit resolved them (set by _initialise)
 
-    def _initialise(self) -> Any:
+    def _initialise(self) -> FittedApproximation:
         """The approximation at the starting point (its ``params`` hold the fitted state)."""
 
-    def _build_step(self, options: Any) -> Any:
+    def _build_step(self, options: FitOptions) -> StepGraph:
         """One iteration for the fit keywords ``options`` (:class:`pymc_gpf.options.FitOptions`):
         the method's pure ``step(state, noise, target, ...) -> (State, Info)`` applied to
         its state in shared variables, as ``StepGraph(state, new, info)``
