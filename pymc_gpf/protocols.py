@@ -7,20 +7,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pymc as pm
 import xarray as xr
 
-if TYPE_CHECKING:  # type names only: these modules import this one's users
-    from pymc_gpf.config import MethodConfig
-    from pymc_gpf.diagnostics import Diagnosis
-    from pymc_gpf.engine import FlowInference
-    from pymc_gpf.gaussian import GaussianQ
-    from pymc_gpf.options import FitOptions
-    from pymc_gpf.stepgraph import StepGraph
-    from pymc_gpf.target import BatchedTarget
+from pymc_gpf.config import MethodConfig
+from pymc_gpf.gaussian import GaussianQ
+from pymc_gpf.options import FitOptions
+from pymc_gpf.stepgraph import StepGraph
+from pymc_gpf.target import BatchedTarget
 
 __all__ = ["FittedApproximation", "Method"]
 
@@ -28,8 +25,10 @@ __all__ = ["FittedApproximation", "Method"]
 class FittedApproximation(Protocol):
     """A fitted pymc-gpf approximation (:class:`~pymc_gpf.approximation.FlowApproximation`)."""
 
-    inference: FlowInference  # the inference that fitted it
-    diagnosis: Diagnosis | None  # the last pymc_gpf.diagnose result
+    inference: Method  # the inference that fitted it (a pymc_gpf.engine.FlowInference)
+    # the last pymc_gpf.diagnose result (a pymc_gpf.diagnostics.Diagnosis, which reads this
+    # protocol), or None
+    diagnosis: object | None
 
     @property
     def model(self) -> pm.Model: ...

@@ -19,32 +19,30 @@ import pytensor
 import pytensor.tensor as pt
 import pytest
 
+from methods import METHODS_UNDER_TEST, get, names
+
 from pymc_gpf.errors import FitWarning
 from pymc_gpf.registry import METHODS
 
-TYPE_II = {"gpf": 1e-3, "gf": 0.03, "wvgd": 0.03}  # method: relative error allowed in sigma^2
+
+def test_every_registered_method_is_under_test():
+    """tests/methods.py has an entry for every name ``pm.fit(method=...)`` accepts (the test
+    modules parametrise over it), and none for a method that is not registered."""
+    assert set(METHODS_UNDER_TEST) == set(METHODS)
 
 
-# methods whose objective cannot learn hyperparameters: they refuse more_obj_params clearly
-NO_TYPE_II = {"ensemble": "not available for ensembles"}
-
-
-def test_every_registered_method_is_covered():
-    assert set(TYPE_II) | set(NO_TYPE_II) == set(METHODS)
-    assert not set(TYPE_II) & set(NO_TYPE_II)
-
-
-@pytest.mark.parametrize("method", sorted(NO_TYPE_II))
+# methods whose objective cannot learn hyperparameters refuse more_obj_params clearly
+@pytest.mark.parametrize("method", names("type_ii_refusal"))
 def test_methods_without_type_ii_refuse_more_obj_params(method):
     log_sigma = pytensor.shared(0.0, name="log_sigma")
     with pm.Model() as model:
         pm.Normal("w", 0, pt.exp(log_sigma), shape=2)
-    with pytest.raises(ValueError, match=NO_TYPE_II[method]):
+    with pytest.raises(ValueError, match=get(method).type_ii_refusal):
         pm.fit(5, method=method, model=model, learning_rate=0.01, more_obj_params=[log_sigma],
                progressbar=False)  # fmt: skip
 
 
-@pytest.mark.parametrize("method", sorted(TYPE_II))
+@pytest.mark.parametrize("method", names("type_ii"))
 def test_more_obj_params_is_type_ii_maximum_likelihood(method):
     rng = np.random.default_rng(4)
     y = rng.normal(0, np.sqrt(2.0**2 + 1), 20)
@@ -58,7 +56,7 @@ def test_more_obj_params_is_type_ii_maximum_likelihood(method):
     assert approx.inference.settings()["more_obj_params"] == ["log_sigma"]
     assert approx.outcome.converged and approx.inference.hyper.steps > 0
     ml_ii = np.mean(y**2) - 1
-    assert np.exp(2 * log_sigma.get_value()) == pytest.approx(ml_ii, rel=TYPE_II[method])
+    assert np.exp(2 * log_sigma.get_value()) == pytest.approx(ml_ii, rel=get(method).type_ii)
     trace = approx.fit_group()["hyper_log_sigma"].values
     assert trace[-1] == log_sigma.get_value() == approx.fit_group().attrs["hyper_log_sigma"]
     assert trace[0] == 0.0 != trace[-1]  # it moved during the fit, recorded on `step`
@@ -67,7 +65,7 @@ def test_more_obj_params_is_type_ii_maximum_likelihood(method):
         assert approx.hist[-1] == pytest.approx(-marginal, abs=1e-3)
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", names())
 def test_sample_draws_is_the_total_number_of_draws(method):
     """sample(draws): ``draws`` in total for every method (an ensemble: its chains, the
     particles, share them), so a DataTree's chain x draw is the same across methods."""

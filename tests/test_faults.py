@@ -21,6 +21,7 @@ import pytest
 from conftest import condition_spectrum, gaussian_target
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from methods import get, names
 from pytensor.compile.mode import Mode
 
 import pymc_gpf
@@ -28,10 +29,10 @@ import pymc_gpf
 from pymc_gpf.gpf import flow
 from pymc_gpf.structure import Structure
 
-METHODS = ["gpf", "gf", "wvgd"]
-# the ensembles share the bad-input behaviour (models, start, init, step size), not the
-# fixed-step divergence semantics: their Langevin steps refuse a non-finite move themselves
-INPUT_METHODS = [*METHODS, "ensemble"]
+# every method: bad input (models, start, init, step size), interrupts, seeds, the model
+# left as it was; the fixed-step divergence semantics only where a divergence stops the fit
+# (tests/methods.py: the ensembles' Langevin steps refuse a non-finite move themselves)
+INPUT_METHODS = names()
 
 
 def _fit(model, n=5, inf_kwargs=None, method="gpf", **kwargs):
@@ -99,6 +100,11 @@ BAD_OPTIONS = [
     ("wvgd", {"weight_memory": 0.5}, {}, ValueError, "weight_memory must be >= 1"),
     ("wvgd", {"initial_particles": np.zeros((2, 2))}, {}, ValueError, r"shape \(J, 3\)"),
     ("wvgd", {"initial_particles": [[0.0, np.nan, 1.0]]}, {}, ValueError, "non-finite"),
+    ("ensemble", {"kind": "mala"}, {}, ValueError, "kind must be one of"),
+    ("ensemble", {"n_particles": 1}, {}, ValueError, "n_particles must be an integer >= 2"),
+    ("ensemble", {"thin": 0}, {}, ValueError, "thin must be a positive integer"),
+    ("ensemble", {"bandwidth": -1.0}, {}, ValueError, "bandwidth must be positive"),
+    ("ensemble", {"kind": "deep"}, {"learning_rate": 0.01}, ValueError, "drop learning_rate"),
     *[(m, {"init": "random"}, {}, ValueError, "init must be one of") for m in INPUT_METHODS],
     # an unknown inf_kwargs key: the valid ones and the closest
     ("gpf", {"n_particle": 8}, {}, TypeError, "no option 'n_particle'. Did you mean 'n_particles'"),
@@ -254,7 +260,7 @@ def counts():
     return model
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", names("divergence_error"))
 def test_after_a_divergence_refine_continues_with_a_smaller_step(counts, method):
     """The overflowing step is rolled back: the error names the term, the approximation
     keeps the last state with a finite free energy (the state after ``len(hist)`` steps,
@@ -311,7 +317,7 @@ def test_refine_needs_a_fit_and_valid_steps(regression_model):
 
 
 # ------------------------------------------------------- interrupts, seeds, backends
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", names())
 def test_keyboard_interrupt_returns_a_usable_fit(regression_model, method):
     def interrupt_at_9(approx, hist, i):
         if i == 9:
@@ -320,13 +326,17 @@ def test_keyboard_interrupt_returns_a_usable_fit(regression_model, method):
     approx = _fit(regression_model, 100, method=method, callbacks=[interrupt_at_9])
     assert len(approx.hist) == 9 and np.isfinite(approx.hist).all()
     assert approx.inference.state.i == 9
-    assert approx.sample(5, random_seed=1)["posterior"].sizes["draw"] == 5
+    posterior = approx.sample(5, random_seed=1)["posterior"]
+    # an ensemble: a chain per particle, ceil(5 / chains) draws each (at least one)
+    assert posterior.sizes["draw"] == (
+        -(-5 // posterior.sizes["chain"]) if get(method).chains else 5
+    )
     approx.refine(3)
     assert len(approx.hist) == 12
 
 
 @pytest.mark.parametrize("backend", [None, "c"])
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", names("reproducible"))
 def test_same_seed_gives_bitwise_identical_results(regression_model, method, backend):
     def run():
         approx = _fit(regression_model, 30, method=method, random_seed=7, backend=backend)
@@ -345,6 +355,7 @@ def test_same_seed_gives_bitwise_identical_results(regression_model, method, bac
 
 # fits in a fresh process: every method at its defaults on a small logistic regression
 _FIT_IN_A_FRESH_PROCESS = """
+METHODS = {methods!r}
 import hashlib, numpy as np, pymc as pm, pytensor.tensor as pt, pymc_gpf
 rng = np.random.default_rng(0)
 x = rng.normal(size=(200, 4))
@@ -352,7 +363,7 @@ y = rng.random(200) < 1 / (1 + np.exp(-x @ [0.5, -1.0, 0.2, 0.0]))
 with pm.Model():
     w = pm.Normal("w", 0, 1, shape=4)
     pm.Bernoulli("y", logit_p=pt.as_tensor(x) @ w, observed=y)
-    fits = [pm.fit(30, method=m, random_seed=3, progressbar=False) for m in ("gpf", "gf", "wvgd")]
+    fits = [pm.fit(30, method=m, random_seed=3, progressbar=False) for m in METHODS]
     # fixed steps compile with PyMC's default backend (numba), automatic fits with quick_c
     fits.append(pm.fit(30, method="gpf", learning_rate=0.01, random_seed=3, progressbar=False))
 digest = hashlib.sha256()
@@ -361,7 +372,7 @@ for approx in fits:
     for p in approx.params:
         digest.update(np.asarray(p.get_value()).tobytes())
 print(digest.hexdigest())
-"""
+""".format(methods=tuple(names("reproducible")))
 
 
 def test_same_seed_gives_the_same_bits_on_a_cold_and_a_warm_cache(tmp_path):
@@ -385,7 +396,7 @@ def test_same_seed_gives_the_same_bits_on_a_cold_and_a_warm_cache(tmp_path):
     assert run() == cold
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", names())
 def test_the_model_is_not_modified(regression_model, method):
     before = (_snapshot(regression_model), regression_model.point_logps())
     _fit(regression_model, 20, method=method)
@@ -461,11 +472,11 @@ def test_renamed_options_still_work_with_a_warning(regression_model, method, old
     cls = pymc_gpf.registry.METHODS[method]
     with pytest.warns(FutureWarning, match=f"{old}=.*is now.*{new}="):
         inference = cls(model=regression_model, random_seed=1, **{old: value})
-    assert getattr(inference, new) == value
+    assert getattr(inference.config, new) == value
     assert inference.constructor_options()[new] == value
     with pytest.raises(TypeError, match=f"both {old}="):
         cls(model=regression_model, **{old: value, new: 2 * value})
     # a fit saved by an earlier release names the old option: it loads silently
     saved = {k: v for k, v in inference.constructor_options().items() if k != new}
     rebuilt = cls.from_options(regression_model, {**saved, old: value})
-    assert getattr(rebuilt, new) == value
+    assert getattr(rebuilt.config, new) == value

@@ -21,6 +21,7 @@ import pymc as pm
 import pytest
 
 from conftest import eight_schools, regression
+from methods import get, names
 
 import pymc_gpf
 
@@ -43,29 +44,32 @@ def conjugate():
 
 
 @pytest.mark.filterwarnings("ignore:GPF did not converge")
-@pytest.mark.parametrize("method", ["gpf", "deep ensemble"])
+@pytest.mark.parametrize("method", names("noise_free_kwargs"))
 def test_deterministic_methods_give_the_default_backends_numbers(conjugate, method):
-    """Same seed, same steps: trace and particles equal to round-off. GPF on eight schools
-    grows its cloud from 20 to 160 particles, so its JAX step is compiled for four shapes."""
-    if method == "gpf":
-        model, options = eight_schools(), {}
-    else:
-        model, options = conjugate[0], {"kind": "deep"}
+    """Same seed, same steps: trace and particles equal to round-off (the methods whose step
+    draws no noise: GPF, the deep ensemble). GPF on eight schools grows its cloud from 20 to
+    160 particles, so its JAX step is compiled for four shapes."""
+    options = dict(get(method).noise_free_kwargs)
+    model = eight_schools() if get(method).grows else conjugate[0]
     fits = {}
     for backend in (None, "jax"):
         with model:
-            fits[backend] = pm.fit(method=method.split()[-1], inf_kwargs=options,
-                                   random_seed=2, progressbar=False, backend=backend)  # fmt: skip
+            fits[backend] = pm.fit(method=method, inf_kwargs=options, random_seed=2,
+                                   progressbar=False, backend=backend)  # fmt: skip
     default, jax = fits[None], fits["jax"]
     assert jax.outcome.reason == default.outcome.reason
     assert len(jax.hist) == len(default.hist) and len(jax.particles) == len(default.particles)
     np.testing.assert_allclose(jax.hist, default.hist, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(jax.particles, default.particles, rtol=1e-7, atol=1e-9)
-    if method == "gpf":
+    if get(method).grows:
         assert len(default.particles) > 20  # the cloud grew: more than one compiled shape
 
 
-@pytest.mark.parametrize(("method", "tolerance"), [("gf", 0.15), ("wvgd", 0.3), ("ensemble", 0.15)])
+# the methods' own accuracy in the posterior sds on this target, at their defaults
+SD_TOLERANCE = {"gf": 0.15, "wvgd": 0.3, "ensemble": 0.15}
+
+
+@pytest.mark.parametrize(("method", "tolerance"), [(m, SD_TOLERANCE[m]) for m in names("noisy")])
 def test_stochastic_methods_on_jax_fit_the_closed_form_posterior(conjugate, method, tolerance):
     """At the defaults on JAX: converged, means within 0.2 posterior sd and sds within
     ``tolerance`` (the methods' own accuracy on this target: GF and the Langevin ensemble
@@ -92,7 +96,7 @@ def test_the_same_seed_gives_the_same_numbers_on_jax(conjugate):
 
 
 @pytest.mark.filterwarnings("ignore:ENSEMBLE did not converge")
-@pytest.mark.parametrize("method", ["gf", "ensemble"])
+@pytest.mark.parametrize("method", names("noisy"))
 def test_a_saved_jax_fit_continues_exactly(conjugate, tmp_path, method):
     """The noise stream continues across compiled functions and a save: PyTensor's JAX
     linker draws from a copy of the fit's generator, which is kept in step with it."""
@@ -145,7 +149,8 @@ def test_a_fit_across_two_hosts_equals_the_unsharded_one(regression_data, tmp_pa
     for host, (_, err) in zip(hosts, logs, strict=True):
         assert host.wait(timeout=900) == 0, err.read_text()[-3000:]
     split = json.loads(logs[0][0].read_text().strip().splitlines()[-1])
-    for method in ("gpf", "gf", "wvgd"):
+    assert sorted(split) == sorted(names("multihost"))
+    for method in names("multihost"):
         with regression(*regression_data):
             whole = pm.fit(method=method, random_seed=3, progressbar=False, backend="jax")
         assert split[method]["devices"] == 4

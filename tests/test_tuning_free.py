@@ -21,6 +21,7 @@ from conftest import (
     moments,
     mvnormal_model,
 )
+from methods import names
 
 import pymc_gpf
 
@@ -151,7 +152,7 @@ def test_a_fixed_learning_rate_is_algorithm_2(regression_model):
     """With a numeric learning_rate the step is the paper's Algorithm 2, written out here in
     NumPy from the model's own log-density gradient: same particles after 50 steps."""
     gpf = pymc_gpf.GPF(5, model=regression_model, random_seed=4)
-    assert gpf.resolved_cloud == "random"  # an explicit N keeps the paper's random cloud
+    assert gpf.resolved.resolved_cloud == "random"  # an explicit N keeps the paper's random cloud
     x = gpf.approx.particles.copy()
     dlogp = gpf.target.compile_logp_dlogp()
     eta1, eta2 = 0.01, 0.02
@@ -269,7 +270,7 @@ def counts():
     return model
 
 
-@pytest.mark.parametrize("method", ["gpf", "gf"])
+@pytest.mark.parametrize("method", names("gaussian_exact"))
 def test_the_automatic_step_fits_where_a_fixed_one_diverges(counts, method):
     approx = pm.fit(method=method, model=counts, random_seed=0, progressbar=False)
     assert approx.outcome.converged
@@ -326,7 +327,7 @@ def minibatch_regression():
     return model, cov @ x.T @ y, np.sqrt(np.diag(cov))
 
 
-@pytest.mark.parametrize("method", ["gpf", "gf", "wvgd", "ensemble"])
+@pytest.mark.parametrize("method", names("minibatch"))
 def test_a_minibatch_regression_fits_at_defaults(minibatch_regression, method):
     """No argument but the seed: the fit converges (the averaged iterate's Monte Carlo error
     below tol = 0.05 sds; the Langevin ensemble, SGLD: ESS 400) and matches the closed-form

@@ -369,6 +369,19 @@ class Ensemble(FlowInference):
             self.approx.preconditioner(start_preconditioner(q, self.config.n_particles))
             self.control.reestimate = False
 
+    def checkpoint_extra(self) -> dict:
+        # what _initialise decided (a loaded fit is rebuilt without running it again)
+        return {
+            "start_fit": self.start_fit,
+            "init_used": self._init_used,
+            "start_preconditioner": self._start_preconditioner,
+        }
+
+    def load_checkpoint_extra(self, extra: dict) -> None:
+        self.start_fit = dict(extra["start_fit"])
+        self._init_used = extra["init_used"]
+        self._start_preconditioner = bool(extra["start_preconditioner"])
+
     def _describe(self, reason: str) -> str:
         if reason == "converged" and self.config.kind == "deep":
             return (

@@ -1,5 +1,6 @@
 """One process of a two-host run (``jax.distributed`` on this machine, 2 CPU devices each):
-``python multihost_fit.py PROCESS_ID PORT`` fits GPF, GF and WVGD with the particles split
+``python multihost_fit.py PROCESS_ID PORT`` fits the methods tested across hosts
+(``names("multihost")`` in ``tests/methods.py``: GPF, GF and WVGD) with the particles split
 across all 4 devices and prints, from process 0, each fit's trace and parameters as JSON.
 Started by ``tests/test_jax.py::test_a_fit_across_two_hosts_equals_the_unsharded_one``."""
 
@@ -22,13 +23,14 @@ import pymc as pm  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from conftest import regression  # noqa: E402
+from methods import names  # noqa: E402
 
 import pymc_gpf  # noqa: E402, F401
 
 warnings.simplefilter("ignore")
 data = json.loads(sys.argv[3])
 results = {}
-for method in ("gpf", "gf", "wvgd"):
+for method in names("multihost"):
     with regression(np.asarray(data["x"]), np.asarray(data["y"])):
         approx = pm.fit(method=method, random_seed=3, progressbar=False,
                         inf_kwargs={"devices": len(jax.devices())})  # fmt: skip

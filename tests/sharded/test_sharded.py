@@ -17,6 +17,7 @@ import pymc as pm
 import pytest
 
 from conftest import regression
+from methods import names
 
 jax = pytest.importorskip("jax")
 
@@ -24,9 +25,10 @@ pytestmark = pytest.mark.skipif(
     len(jax.devices()) < 4, reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=4"
 )
 
-# GPF: 20 particles, 5 per device; GF: draws per step; WVGD: 5 particles x 50 draws = 250
-# points, not a multiple of 4 (XLA pads the last device); the Langevin ensemble: 20 chains
-CASES = [("gpf", {}), ("gf", {}), ("wvgd", {}), ("ensemble", {"kind": "langevin"})]
+# every method at its defaults. GPF: 20 particles, 5 per device; GF: draws per step; WVGD:
+# 5 particles x 50 draws = 250 points, not a multiple of 4 (XLA pads the last device); the
+# Langevin ensemble (its default kind): 20 chains
+CASES = [(method, {}) for method in names()]
 
 
 def _fit(data, method, options, devices, n=None, callbacks=()):

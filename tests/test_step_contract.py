@@ -1,0 +1,113 @@
+"""Every registered method's step keeps the contract the engine relies on
+(:class:`pymc_gpf.stepgraph.StepGraph`): its state in, the same state out.
+
+``_build_step(options)`` gives the state (shared variables, their names the checkpoint's
+keys), the next state (the same ``NamedTuple`` type, each leaf of the same dtype, rank and a
+compatible static shape) and the step's :class:`~pymc_gpf.stepgraph.Info`; a few compiled
+steps keep every array's shape (GPF changes its number of particles only between stages of
+an automatic fit) and finite values finite; and the step functions themselves are pure.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import numpy as np
+import pytest
+
+from conftest import regression
+from methods import names, small_fits
+from pytensor.compile.sharedvalue import SharedVariable
+
+from pymc_gpf.options import parse_fit_options
+from pymc_gpf.registry import METHODS
+from pymc_gpf.stepgraph import Info, StepGraph, leaves
+
+STEPS = 4
+
+
+def _assert_same_structure(state, new, path: str) -> None:
+    """The same (nested) ``NamedTuple`` types, ``None`` where the state has ``None``."""
+    if not isinstance(state, tuple) and state is not None:  # a leaf
+        assert new is not None and not isinstance(new, tuple), path
+        return
+    assert type(new) is type(state), f"{path}: {type(new).__name__} for {type(state).__name__}"
+    if state is not None:
+        assert len(new) == len(state), path
+        fields = getattr(state, "_fields", range(len(state)))
+        for field, a, b in zip(fields, state, new, strict=True):
+            _assert_same_structure(a, b, f"{path}.{field}")
+
+
+def _compatible(a: tuple, b: tuple) -> bool:
+    """Static shapes that can hold the same array (``None``: not known statically)."""
+    if len(a) != len(b):
+        return False
+    return all(x is None or y is None or x == y for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize(("method", "inf_kwargs", "fit_kwargs"), small_fits())
+def test_the_step_maps_its_state_to_the_same_state(regression_data, method, inf_kwargs,
+                                                   fit_kwargs):  # fmt: skip
+    inference = METHODS[method](model=regression(*regression_data), random_seed=1, **inf_kwargs)
+    # the fit keywords as fit() parses them, so the steps compiled here are the fits' own
+    # (tests/test_persistence.py fits the same small_fits on the same model: a cache hit)
+    options = parse_fit_options(inference.target, inference.default_optimizer, **fit_kwargs)
+    inference.prepare(options)  # compiles inference._build_step(options)
+    graph = inference.step.graph
+    assert isinstance(graph, StepGraph)
+    state, new, info = graph.state, graph.new, graph.info
+    _assert_same_structure(state, new, type(state).__name__)
+    pairs = list(zip(leaves(state), leaves(new), strict=True))
+    assert pairs
+    for var, value in pairs:
+        assert isinstance(var, SharedVariable) and var.name, var
+        assert (value.dtype, value.ndim) == (var.dtype, var.ndim), var.name
+        assert _compatible(var.type.shape, value.type.shape), (
+            var.name,
+            var.type.shape,
+            value.type.shape,
+        )
+    state_names = [var.name for var, _ in pairs]
+    assert len(set(state_names)) == len(state_names), state_names
+
+    assert isinstance(info, Info)
+    assert info.free_energy.ndim == 0
+    for key in ("accepted", "step_size", "decrement"):
+        value = getattr(info, key)
+        assert value is None or value.ndim == 0, key
+    for key, value in info.scalars().items():
+        assert value.ndim == 0, key
+    assert info.points.ndim == 2 and info.hyper_grads == ()
+    d = inference.target.ndim
+    for key in ("points", "positions"):
+        assert getattr(info, key).type.shape[-1] in (None, d), key
+
+    # the checkpoint holds every leaf of the state, by its name
+    for var, _ in pairs:
+        assert inference.state_vars.get(var.name) is var, var.name
+    shared = [var for var, _ in pairs]
+    before = [np.array(var.get_value()) for var in shared]
+    # compiled: (free_energy, ok, *the scalars the controller reads), every array keeping
+    # its shape and finite values finite
+    scalars = inference.step.info
+    assert scalars == tuple(info.scalars())
+    for _ in range(STEPS):
+        out = inference.step()
+        assert len(out) == 2 + len(scalars) and all(np.ndim(v) == 0 for v in out)
+    after = [np.asarray(var.get_value()) for var in shared]
+    for var, old, value in zip(shared, before, after, strict=True):
+        assert (value.shape, value.dtype) == (old.shape, old.dtype), var.name
+        assert np.isfinite(value[np.isfinite(old)]).all(), var.name
+    assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+@pytest.mark.parametrize("method", names())
+def test_the_step_functions_are_pure(method):
+    """A method's ``step`` module builds graphs from the state it is given: it reads, writes
+    or creates no shared variable (the method and the engine hold the state)."""
+    package = METHODS[method].__module__.rpartition(".")[0]
+    source = inspect.getsource(importlib.import_module(f"{package}.step"))
+    for impure in (".get_value(", ".set_value(", "shared(", "share(", "share_transform("):
+        assert impure not in source, f"{package}.step: {impure}"
