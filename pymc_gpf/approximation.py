@@ -246,6 +246,10 @@ class ParticlesMixin:
         """The particles ``(N, D)`` in flat unconstrained space (a copy)."""
         return self.shared_particles.get_value()
 
+    def _method_group(self) -> xr.Dataset:
+        """The particles on a ``particle`` dim and the fit's settings."""
+        return self._points_dataset(self.particles, "particle", self.inference.settings())
+
 
 class GaussianApproximation(FlowApproximation):
     """A fit whose q is one Gaussian ``N(m, C)`` (GPF, GF): draws and density come from
@@ -268,7 +272,7 @@ class GaussianApproximation(FlowApproximation):
 
     def _why_singular(self) -> str:
         """What makes C singular, in the method's terms."""
-        raise NotImplementedError
+        return "its covariance is singular"
 
     def location(self) -> tuple[np.ndarray, np.ndarray]:
         """What the stochastic stopping test watches, and its unit: q's mean in units of

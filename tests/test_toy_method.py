@@ -13,11 +13,10 @@ import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 import pytest
-import xarray as xr
 
 import pymc_gpf
 
-from pymc_gpf.approximation import GaussianApproximation
+from pymc_gpf.approximation import GaussianApproximation, ParticlesMixin
 from pymc_gpf.config import MethodConfig
 from pymc_gpf.engine import FlowInference
 from pymc_gpf.gaussian import GaussianQ
@@ -29,25 +28,14 @@ class ToyState(NamedTuple):
     particles: pt.TensorVariable
 
 
-class ToyApproximation(GaussianApproximation):
+class ToyApproximation(ParticlesMixin, GaussianApproximation):
     def __init__(self, inference: Toy, particles: np.ndarray):
         super().__init__(inference)
         self.shared_particles = pytensor.shared(particles, name="toy_particles")
 
-    @property
-    def params(self) -> list:
-        return [self.shared_particles]
-
     def gaussian(self) -> GaussianQ:
-        x = self.shared_particles.get_value()
+        x = self.particles
         return GaussianQ(x.mean(axis=0), (np.arange(x.shape[1]),), (x.std(axis=0),))
-
-    def _why_singular(self) -> str:
-        return "the particles have collapsed"
-
-    def _method_group(self) -> xr.Dataset:
-        x = self.shared_particles.get_value()
-        return self._points_dataset(x, "particle", self.inference.settings())
 
 
 @dataclass(frozen=True)
