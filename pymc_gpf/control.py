@@ -34,7 +34,7 @@ import math
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -101,9 +101,26 @@ class Saved:
     (callables, given again when the object is built); :meth:`load` restores them, with
     equal values and dtypes, loading nested saved objects in place."""
 
+    # per class: the attributes a checkpoint holds, and those wiring it into the fit (given
+    # again when it is built); an attribute in neither is an error when saving, so a new one
+    # cannot change the checkpoint format unnoticed
+    saved: ClassVar[tuple[str, ...]] = ()
+    hooks: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def _declared(cls, what: str) -> set[str]:
+        return {name for klass in cls.__mro__ for name in vars(klass).get(what, ())}
+
     def state(self) -> dict[str, Any]:
-        """JSON-able state."""
-        return {k: _to_json(v) for k, v in vars(self).items() if not callable(v)}
+        """JSON-able state: the declared attributes."""
+        saved = self._declared("saved")
+        undeclared = set(vars(self)) - saved - self._declared("hooks")
+        if undeclared:
+            raise RuntimeError(
+                f"{type(self).__name__} has attributes {sorted(undeclared)} that are neither "
+                "saved nor hooks: declare them (pymc_gpf.control.Saved)."
+            )
+        return {k: _to_json(getattr(self, k)) for k in sorted(saved) if hasattr(self, k)}
 
     def load(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state` wrote."""
@@ -117,6 +134,8 @@ class Saved:
 
 class Control(Saved):
     """Base controller: never stops by itself."""
+
+    saved = ("tol",)
 
     kind = "fixed"
 
@@ -147,6 +166,8 @@ class Control(Saved):
 
 class FixedSteps(Control):
     """A fixed step size: ``n`` steps, or the trace test of :class:`Stochastic` with ``tol``."""
+
+    saved = ("previous", "values", "window")
 
     def __init__(self, tol: float | None, window: int = 100):
         super().__init__(tol)
@@ -194,6 +215,8 @@ class Deterministic(Control):
     * **stalled**: backtracking shrank the step below ``min_step`` without a decrease
       (converged instead if the last decrement was already below ``tol**2``).
     """
+
+    saved = ("decrements", "last_decrement", "min_step", "patience", "verifying", "window")
 
     kind = "deterministic"
 
@@ -273,6 +296,13 @@ class Stochastic(Control):
     windows and five correlation times), and the fit ends on that average when the error is
     below ``tol``. A trace that starts falling again restarts the average.
     """
+
+    saved = (
+        "_average", "_last_iterate", "_locations", "_scale", "_values", "_window_sums",
+        "averaging", "max_rejections", "max_spread", "min_rate", "min_window", "min_windows",
+        "previous", "rate", "rejections",
+    )  # fmt: skip
+    hooks = ("_location", "_params", "_set_params", "_set_rate")
 
     kind = "stochastic"
 
@@ -417,6 +447,8 @@ class _Average(Saved):
     """The running (Polyak-Ruppert) average of a stochastic fit's parameters while it
     averages, and the moments of q's location over its whole windows, for the average's
     Monte Carlo error."""
+
+    saved = ("count", "located", "location_squares", "location_sum", "sums", "windows")
 
     def __init__(self):
         self.sums: list[np.ndarray] | None = None

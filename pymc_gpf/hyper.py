@@ -77,6 +77,11 @@ class HyperSearch(Saved):
     """θ's quasi-Newton search on ``F*`` (module docstring): the Hessian approximation ``B``,
     the last gradient and step, the last decrement and its noise, and the number of steps."""
 
+    saved = (
+        "_damped", "decrement", "gradient", "hessian", "noise", "step_taken", "steps",
+        "stopped_by_noise", "stuck", "tol",
+    )  # fmt: skip
+
     def __init__(self, tol: float):
         self.tol = tol
         self.hessian: np.ndarray | None = None

@@ -215,3 +215,22 @@ def test_clear_errors(tmp_path, regression_model, regression_data):
     custom.fit(2, optimizer=Custom(), learning_rate=1e-3, progressbar=False)
     with pytest.raises(ValueError, match="custom optimizer"):
         custom.approx.save(tmp_path / "custom.nc")
+
+
+def test_a_controller_attribute_must_be_declared_to_be_saved():
+    """A checkpoint holds a controller's declared attributes only: one that is neither saved
+    nor a hook is refused when saving, so it cannot change the format unnoticed."""
+    from pymc_gpf.control import Saved
+
+    class Counter(Saved):
+        saved = ("count",)
+        hooks = ("_callback",)
+
+        def __init__(self):
+            self.count, self._callback = 3, None
+
+    counter = Counter()
+    assert counter.state() == {"count": 3}
+    counter.stray = 1.0
+    with pytest.raises(RuntimeError, match=r"\['stray'\].*neither saved nor hooks"):
+        counter.state()

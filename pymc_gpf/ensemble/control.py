@@ -174,6 +174,8 @@ class _Draws(Saved):
     """Every ``thin``-th state after burn-in, kept within ``MAX_STORED`` numbers, and when
     to check them."""
 
+    saved = ("draws", "next_check", "thin", "window")
+
     def __init__(self, thin: int, window: int):
         self.draws: list[np.ndarray] = []
         self.thin, self.window = thin, window
@@ -235,6 +237,14 @@ class SamplingControl(Control):
     kept in :attr:`trace` with the kernel's bandwidth (the ``fit`` group's ``mean_v``, ``mmd``
     and ``bandwidth``).
     """
+
+    saved = (
+        "adapt", "burn_in", "converged", "curvature", "deviations", "ess", "last",
+        "max_rejections", "min_burn_in", "minibatch_fraction", "previous", "rate", "recent",
+        "reestimate", "rejections", "rhat", "rhat_excess", "shrink", "steps", "store",
+        "target_ess", "trace", "values", "window",
+    )  # fmt: skip
+    hooks = ("_particles", "_preconditioner", "_set_rate")
 
     kind = "sampling"
 
