@@ -386,7 +386,7 @@ class FlowInference(Inference):
         def observe(free_energy: float, info: dict[str, float]) -> tuple[float, str | None]:
             nonlocal done
             size = info.get("step_size", float(self._learning_rates.get_value()[0]))
-            self.record.count(*self._evaluations_per_step())
+            self.record.count(info["gradient_evaluations"], info["density_evaluations"])
             stop = self.control.observe(free_energy, info)
             done += 1
             if self.fit_options.more_obj_params:

@@ -74,6 +74,3 @@ class Method(Protocol):
         the method's pure ``step(state, noise, target, ...) -> (State, Info)`` applied to
         its state in shared variables, as ``StepGraph(state, new, info)``
         (:mod:`pymc_gpf.stepgraph`)."""
-
-    def _evaluations_per_step(self) -> tuple[int, int]:
-        """Points where one step evaluates the log-density with its gradient, and without."""

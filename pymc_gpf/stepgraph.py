@@ -130,7 +130,9 @@ class Info(NamedTuple):
     when they are not finite), ``positions`` the points it moves to (last axis ``D``).
     ``step_size`` and ``decrement`` are read by the controller after every step, as are
     ``extra`` (``(name, scalar)`` pairs of a method's own controller); ``hyper_grads`` are
-    the gradients of the free energy in ``more_obj_params`` (fixed step sizes).
+    the gradients of the free energy in ``more_obj_params`` (fixed step sizes);
+    ``densities`` counts the points where the step evaluates the log-density without its
+    gradient (the rows of ``points`` are those with it).
     """
 
     free_energy: Variable
@@ -143,11 +145,18 @@ class Info(NamedTuple):
     decrement: Variable | None = None
     hyper_grads: tuple[Variable, ...] = ()
     extra: tuple[tuple[str, Variable], ...] = ()
+    densities: Variable | int = 0
 
     def scalars(self) -> dict[str, Variable]:
-        """The scalars the controller reads after every step, by name."""
+        """The scalars read after every step, by name: the controller's, and what the step
+        cost (the points where it evaluated the log-density with its gradient, and
+        ``densities`` more without)."""
         named = {k: getattr(self, k) for k in ("accepted", "step_size", "decrement")}
-        return {k: v for k, v in named.items() if v is not None} | dict(self.extra)
+        cost = {
+            "gradient_evaluations": self.points.shape[0],
+            "density_evaluations": pt.as_tensor(self.densities),
+        }
+        return {k: v for k, v in named.items() if v is not None} | dict(self.extra) | cost
 
 
 @dataclass(frozen=True)

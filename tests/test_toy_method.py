@@ -61,9 +61,6 @@ class Toy(FlowInference):
             self, (centre + self.config.init_scale * noise).astype(self.target.dtype)
         )
 
-    def _evaluations_per_step(self) -> tuple[int, int]:
-        return self.config.n_particles, 0
-
     def _build_step(self, options) -> StepGraph:
         state = ToyState(self.approx.shared_particles)
         logp, grad, _ = self.target.logp_and_grads(state.particles)

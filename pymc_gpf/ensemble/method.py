@@ -390,9 +390,6 @@ class Ensemble(FlowInference):
             )
         return super()._describe(reason)
 
-    def _evaluations_per_step(self) -> tuple[int, int]:
-        return self.config.n_particles, 0
-
     def _fitted_settings(self) -> dict:
         out = {"lambda1": self.config.repulsion_used, "lambda2": self.config.temperature_used}
         out |= {f"start_{key}": value for key, value in self.start_fit.items()}

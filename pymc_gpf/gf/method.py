@@ -274,6 +274,3 @@ class GF(FlowInference):
             state, noise, self.target, self.structure, self.learning_rates[0]
         )
         return StepGraph(state, new, info)
-
-    def _evaluations_per_step(self) -> tuple[int, int]:
-        return self.resolved_draws(self.fit_options), 0

@@ -48,10 +48,6 @@ class AutoStep:
         new, info = natural_step(state, base_step, target, self.structure, ranks)
         return StepGraph(state, new, info)
 
-    def validation_draws(self) -> int:
-        """Points of the independent cloud, evaluated (without gradient) every step."""
-        return self.search.validation_weights.get_value(borrow=True).shape[0]
-
     def finish(self, restore_best: bool) -> float:
         """The free energy of the state the fit ends on; with ``restore_best`` the particles
         go back to where the independent cloud's free energy was lowest."""

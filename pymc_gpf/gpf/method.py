@@ -203,12 +203,6 @@ class GPF(FlowInference):
         )  # fmt: skip
         return graph
 
-    def _evaluations_per_step(self) -> tuple[int, int]:
-        # borrow: the hot loop asks every step, and only the shapes are read
-        n = self.approx.shared_particles.get_value(borrow=True).shape[0]
-        line_search = self.fit_options.auto and self._line_search
-        return n, self._auto.validation_draws() if line_search else 0
-
     def checkpoint_extra(self) -> dict:
         return self._stages.checkpoint(self._method_rng)
 

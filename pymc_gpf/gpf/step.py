@@ -219,6 +219,7 @@ def natural_step(
         step_size=step if search is not None else eta_mean,
         decrement=decrement,
         extra=extra,
+        densities=0 if search is None else search.validation_weights.shape[0],
     )
     return AutoState(moved, new_state, search), info
 

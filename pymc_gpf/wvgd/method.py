@@ -247,10 +247,6 @@ class WVGD(FlowInference):
         )  # fmt: skip
         return StepGraph(state, new, info)
 
-    def _evaluations_per_step(self) -> tuple[int, int]:
-        j = self.approx.state.particles.get_value(borrow=True).shape[0]
-        return j * int(self.config.draws_per_particle), 0
-
     def _finish(self, reason: str) -> None:
         if self.target.minibatch and len(self.hist):
             rng = np.random.default_rng(self.stream(END_STREAM))
