@@ -15,6 +15,7 @@ import pymc as pm
 import pytensor.tensor as pt
 import pytest
 
+from methods import names
 from scipy import stats
 
 import pymc_gpf
@@ -84,7 +85,7 @@ def normal_model():
     return model
 
 
-@pytest.mark.parametrize("method", ["gpf", "gf"])
+@pytest.mark.parametrize("method", names("gaussian_exact"))
 def test_a_near_exact_fit_is_trustworthy_with_a_small_khat(normal_model, method):
     """GPF and GF fit this posterior's Gaussian-VI optimum, which is within 3 % of it: the
     verdict is trustworthy, without a warning, and k̂ is below 0.5 both in the verdict and
