@@ -102,7 +102,7 @@ def _checkpoint(inference: FlowInference) -> xr.Dataset:
     }
     record_arrays, record_attrs = inference.record.checkpoint()
     arrays |= record_arrays
-    attrs |= record_attrs
+    attrs |= {key: _json(value, f"the fit's {key}") for key, value in record_attrs.items()}
     checkpoint = xr.Dataset(arrays, attrs=attrs)
     checkpoint.attrs["checksum"] = _checksum(checkpoint, inference.hist)
     return checkpoint

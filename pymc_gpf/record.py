@@ -13,7 +13,9 @@ import xarray as xr
 
 from pymc_gpf.control import Outcome
 
-__all__ = ["FitRecord"]
+__all__ = ["ARRAYS", "FitRecord"]
+
+ARRAYS = ("step_size", "hyper_trace")  # the record's arrays in a checkpoint
 
 
 def _empty() -> np.ndarray:
@@ -63,19 +65,17 @@ class FitRecord:
                                checks=checks)  # fmt: skip
 
     # ------------------------------------------------------------------------ persistence
-    def checkpoint(self) -> tuple[dict[str, xr.DataArray], dict[str, str]]:
-        """The record's arrays and JSON attributes in a saved checkpoint (the free-energy
-        trace is the ``fit`` group's)."""
+    def checkpoint(self) -> tuple[dict[str, xr.DataArray], dict[str, Any]]:
+        """The record's arrays and (JSON-able) attributes in a saved checkpoint (the
+        free-energy trace is the ``fit`` group's)."""
         arrays = {"step_size": xr.DataArray(np.asarray(self.step_sizes), dims=["step_size_dim0"])}
         if self.hyper_trace:
             arrays["hyper_trace"] = xr.DataArray(
                 np.asarray(self.hyper_trace), dims=["hyper_trace_dim0", "hyper_trace_dim1"]
             )
         attrs = {
-            "outcome": json.dumps(None if self.outcome is None else vars(self.outcome)),
-            "evaluations": json.dumps(
-                [int(self.gradient_evaluations), int(self.density_evaluations)]
-            ),
+            "outcome": None if self.outcome is None else vars(self.outcome),
+            "evaluations": [int(self.gradient_evaluations), int(self.density_evaluations)],
         }
         return arrays, attrs
 
@@ -94,6 +94,3 @@ class FitRecord:
             densities,
             list(np.asarray(trace, dtype=float)),
         )
-
-
-ARRAYS = ("step_size", "hyper_trace")  # the record's arrays in a checkpoint
