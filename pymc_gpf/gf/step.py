@@ -6,7 +6,8 @@ At the automatic step size (the default) each step draws fresh whitened antithet
 takes natural-gradient steps inside a trust region (the mean moves at most ``sqrt(K)`` of
 q's sds, the spread changes by at most 50 %) and the step size follows
 :class:`pymc_gpf.control.Stochastic`: halved when the free energy stops falling, the fit
-ending on the average of its last window once that is precise to ``tol`` sds. Fresh draws
+ending on the average of its iterates at a step of at most 1/2 once that is precise to
+``tol`` sds. Fresh draws
 every step mean the fit cannot adapt itself to particular points, so GF has no finite-N
 bias of GPF's kind (the whitening leaves only a small bias of order 1/S in moments of
 degree 4 and higher). Plain descent on ``Gamma`` (fixed steps) is stable for
