@@ -293,8 +293,9 @@ class Stochastic(Control):
     (:class:`_Average`); its Monte Carlo error is the iterates' pooled variance times their
     correlation time ``(2 - rate) / rate`` over their number (after at least four windows
     and five correlation times), and the fit ends on that average when the error is below
-    ``tol``. A trace that starts falling again restarts the average. A window whose iterates
-    all lie within about ``tol`` of their average ends the fit at once, on that average.
+    ``tol``. A trace that starts falling again restarts the average. A window (at a step of
+    at most ``max_average_rate``) whose iterates all lie within about ``tol`` of their
+    average ends the fit at once, on that average.
 
     The average of constant-step iterates is biased by O(step) (Dieuleveut, Durmus & Bach,
     2020); a full natural-gradient step (rate 1) is where that bias is largest: on a latent
@@ -397,12 +398,12 @@ class Stochastic(Control):
                     return self._stop(self._average.sums, self._average.count, "converged")
         elif not falling:
             spread = float(np.max(np.std(locations, axis=0, ddof=1) / self._scale))
-            if spread < self.tol:
+            small_step = self.rate <= self.max_average_rate
+            if small_step and spread < self.tol:
                 # every iterate of the window within about tol of its average: the average
-                # is that precise whatever their correlation, and the bias of a step this
-                # quiet (of order its variance) is negligible (e.g. GF on a Gaussian target)
+                # is that precise whatever their correlation (e.g. GF on a Gaussian target)
                 return self._stop(self._window_sums, len(locations), "converged")
-            if self.rate <= self.max_average_rate and spread < self.max_spread:
+            if small_step and spread < self.max_spread:
                 self.averaging = True
                 self._average = _Average()
             else:
