@@ -258,6 +258,20 @@ def test_the_stochastic_rule_does_not_end_on_the_biased_average_of_full_steps(se
 
 
 @pytest.mark.parametrize("seed", range(5))
+def test_the_stochastic_rule_halves_the_step_until_its_average_is_unbiased(seed):
+    """The curved objective with more noise: the average at ``r = 1/2`` sits
+    ``0.9 * 0.8^2 / 3 = 0.19`` above the optimum, at ``r = 1/4`` 0.082, at ``1/8`` 0.038. No
+    fixed step bounds that bias on every target; the rule compares the averages at ``r``
+    and ``r/2`` (their gap is the bias left at ``r/2``) and ends within 3 tol."""
+    run = _Iterate(noise=0.8, curvature=0.9, seed=seed, start=0.5)
+    control = run.control(tol=0.02)
+    stops = (control.observe(run.step(), {"accepted": True}) for _ in range(400_000))
+    assert any(stop == "converged" for stop in stops)
+    assert control.rate <= 0.125
+    assert abs(run.averaged - run.target) < 3 * 0.02
+
+
+@pytest.mark.parametrize("seed", range(5))
 def test_the_stochastic_rule_does_not_stop_on_a_drifting_fit(seed):
     """A fixed point that keeps moving (the free energy keeps falling): no stop in 50 000
     steps."""

@@ -33,8 +33,9 @@ __all__ = [
     "log_det_factor",
     "mean_direction",
     "natural_directions",
+    "spherical_radial",
+    "spherical_radial_shape",
     "standardised_antithetic",
-    "whitened_antithetic",
 ]
 
 
@@ -93,25 +94,55 @@ def log_det_factor(factors: list[Variable], structure: Structure) -> Variable:
     return total
 
 
-def free_energy(logp: Variable, factors: list[Variable], structure: Structure) -> Variable:
+def free_energy(
+    logp: Variable, factors: list[Variable], structure: Structure, weights: Variable | None = None
+) -> Variable:
     """Eq. 4 plus its constant: ``F = E_q[phi] - log|Gamma| - D/2 (1 + log 2 pi)`` = minus
     the ELBO, the expectation
     a Monte Carlo average over the step's draws. For a low-rank factor ``log|Gamma|`` is
     ``1/2 log det(Gamma^T Gamma)``: a regularised free energy, as GPF's with ``N <= D``
-    (q is degenerate, so the ELBO itself is ``-inf``)."""
-    return -pt.mean(logp) - log_det_factor(factors, structure) - 0.5 * structure.ndim * LOG_2PI_E
+    (q is degenerate, so the ELBO itself is ``-inf``). ``weights`` are those of a
+    quadrature rule (default: equal)."""
+    expected = pt.mean(logp) if weights is None else pt.dot(weights, logp)
+    return -expected - log_det_factor(factors, structure) - 0.5 * structure.ndim * LOG_2PI_E
 
 
 # ----------------------------------------------------- the natural flow (tuning-free)
-def whitened_antithetic(noise: Variable) -> Variable:
-    """``(2M, K)`` draws from ``M`` standard normals ``(M, K)``: pairs ``+-u`` whitened so
-    the sample mean is 0 and the sample covariance exactly ``I`` (a cubature rule exact to
-    degree 3, :mod:`pymc_gpf.clouds`); with ``M < K`` only the pairs (an unbiased draw)."""
-    m, k = noise.type.shape
-    if m >= k:
-        chol = pt.linalg.cholesky(pt.dot(noise.T, noise) / m, on_error="nan")
-        noise = pt.linalg.solve_triangular(chol, noise.T, lower=True, check_finite=False).T
-    return pt.concatenate([noise, -noise], axis=0)
+def spherical_radial(directions: Variable, radii: Variable) -> tuple[Variable, Variable]:
+    """Genz & Monahan's (1998) stochastic spherical-radial rule for ``E[f(z)]``,
+    ``z ~ N(0, I_K)``: points ``(2 R r + 1, K)`` and weights summing to 1.
+
+    Each of the ``R`` rules takes ``r <= K`` directions ``u_j``, each uniform on the sphere
+    and orthonormal when ``r = K`` (from the standard normals ``directions`` ``(R, r, K)``),
+    a radius
+    ``rho ~ chi(K + 2)`` (from ``radii`` ``(R, K + 2)``), the points ``+- rho u_j`` with
+    weight ``K / (2 r rho^2)`` and the centre with weight ``1 - K / rho^2``. The rule is
+    unbiased for every ``f`` (so the fit's fixed point is q's optimum, with no bias of order
+    ``1/S`` in the moments of degree 4 and higher that draws on a sphere of fixed radius
+    leave) and, with ``r = K``, exact for polynomials of degree up to 3 (so a step on a
+    Gaussian target is exact).
+    """
+    _, r, k = directions.type.shape
+    n_rules = directions.shape[0]
+    if r == k:  # a random rotation: rows made orthonormal (Gram-Schmidt by Cholesky)
+        chol = pt.linalg.cholesky(pt.matmul(directions, directions.mT), on_error="nan")
+        units = pt.linalg.solve_triangular(chol, directions, lower=True, check_finite=False)
+    else:  # fewer directions than K: each uniform on the sphere is what unbiasedness needs
+        units = directions / pt.linalg.norm(directions, axis=-1, keepdims=True)
+    rho2 = pt.sum(pt.square(radii), axis=-1)  # chi^2(K + 2), (R,)
+    spokes = (pt.sqrt(rho2)[:, None, None] * units).reshape((-1, k))
+    spoke_weights = pt.repeat(k / (2.0 * r * rho2 * n_rules), r)
+    centre_weight = pt.mean(1.0 - k / rho2)
+    points = pt.concatenate([pt.zeros((1, k), dtype=spokes.dtype), spokes, -spokes], axis=0)
+    weights = pt.concatenate([centre_weight[None], spoke_weights, spoke_weights])
+    return points, weights.astype(spokes.dtype)
+
+
+def spherical_radial_shape(pairs: int, rank: int) -> tuple[int, int]:
+    """Rules ``R`` and directions per rule ``r`` for about ``pairs`` antithetic pairs in
+    ``rank`` dimensions: whole rotations (``r = rank``) when ``pairs >= rank``."""
+    r = min(pairs, rank)
+    return -(-pairs // r), r
 
 
 def standardised_antithetic(noise: Variable) -> Variable:
@@ -121,7 +152,11 @@ def standardised_antithetic(noise: Variable) -> Variable:
 
 
 def natural_directions(
-    grads: Variable, noise: list[Variable], factors: list[Variable], structure: Structure
+    grads: Variable,
+    noise: list[Variable],
+    factors: list[Variable],
+    structure: Structure,
+    weights: Variable | None = None,
 ) -> tuple[Variable, list[Variable], Variable, Variable, Variable]:
     """Eq. 11 preconditioned by ``C = Gamma Gamma^T`` on both parts (the natural flow of
     :func:`pymc_gpf.gpf.flow.natural_flow` in GF's parameters).
@@ -134,19 +169,21 @@ def natural_directions(
     ``lambda (I - P) psi_eps``, ``P`` the projector on its span and ``lambda`` its smallest
     variance, so it can turn towards the top eigenspace. Returns the mean direction, the
     factor directions, their squared sizes and the largest ``|eigenvalue|`` of the
-    ``sym(A)`` (for the trust region).
+    ``sym(A)`` (for the trust region). The averages over draws use a quadrature rule's
+    ``weights`` (default: equal).
     """
-    n_draws = grads.shape[0].astype(grads.dtype)
-    g_bar = grads.mean(axis=0)
+    if weights is None:
+        weights = pt.ones(grads.shape[0], dtype=grads.dtype) / grads.shape[0]
+    g_bar = pt.dot(weights, grads)
+    weighted = weights[:, None] * grads
     if structure.diagonal:
         sd = factors[0]
-        a = sd * pt.sum(grads * noise[0], axis=0) / n_draws - 1.0
+        a = sd * pt.sum(weighted * noise[0], axis=0) - 1.0
         shift = pt.square(sd) * g_bar
         return shift, [sd * a], pt.dot(g_bar, shift), pt.sum(pt.square(a)), pt.max(pt.abs(a))
     shifts, directions, dec_cov, spectral = [], [], 0.0, 0.0
     for f, e, b in zip(factors, noise, structure.blocks, strict=True):
-        g = take_columns(grads, b)
-        psi = pt.dot(g.T, e) / n_draws  # D_b x K_b
+        psi = pt.dot(take_columns(weighted, b).T, e)  # D_b x K_b
         a = pt.dot(f.T, psi) - pt.eye(f.type.shape[1])
         a = 0.5 * (a + a.T)
         g_b = take_columns(g_bar, b)

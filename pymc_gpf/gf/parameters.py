@@ -11,16 +11,26 @@ from pymc_gpf.checks import is_integer
 from pymc_gpf.options import AUTO
 from pymc_gpf.structure import Structure
 
-__all__ = ["check_rank", "default_pairs", "default_rank", "draw_pairs", "initial_factors"]
+__all__ = [
+    "MAX_ROTATION_DIM",
+    "check_rank",
+    "default_pairs",
+    "default_rank",
+    "draw_pairs",
+    "initial_factors",
+]
 
 MAX_DEFAULT_RANK = 1000
 MIN_DEFAULT_PAIRS, MAX_DEFAULT_PAIRS = 10, 500
+# mean field draws a random rotation of its D coordinates up to this D (O(D^3) per step,
+# under a millisecond); above, pairs standardised per coordinate, whose bias is O(1/D)
+MAX_ROTATION_DIM = 200
 
 
 def default_pairs(rank: int) -> int:
     """Antithetic pairs of draws per step at the automatic step size: one per direction
-    of the factor (the whitened pairs are then a cubature rule exact to degree 3), at
-    least 10 and at most 500."""
+    of the factor (the spherical-radial rule is then exact to degree 3), at least 10 and at
+    most 500."""
     return min(max(rank, MIN_DEFAULT_PAIRS), MAX_DEFAULT_PAIRS)
 
 
@@ -38,12 +48,12 @@ def default_rank(ndim: int) -> int:
     return MAX_DEFAULT_RANK
 
 
-def draw_pairs(draws_per_step, ranks: list[int]) -> int:
+def draw_pairs(draws_per_step, rank: int) -> int:
     """Antithetic pairs per step at the automatic step size: half of ``draws_per_step``
-    (rounded up), or :func:`default_pairs` of the largest block rank."""
+    (rounded up), or :func:`default_pairs` of the total ``rank`` of the factors."""
     if draws_per_step != AUTO:
         return (int(draws_per_step) + 1) // 2
-    return default_pairs(max(ranks))
+    return default_pairs(rank)
 
 
 def check_rank(rank: int | None, structure: Structure, ndim: int) -> int | None:

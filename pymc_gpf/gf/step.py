@@ -109,6 +109,7 @@ def natural_step(
     target: BatchedTarget,
     structure: Structure,
     base_step: Variable,
+    weights: Variable | None = None,
 ) -> tuple[NaturalState, Info]:
     """Natural-gradient steps from whitened antithetic draws ``noise``: the mean moves at
     most ``sqrt(K)`` of q's sds, the spread changes by at most :data:`MAX_SCALE_STEP`; a
@@ -117,9 +118,9 @@ def natural_step(
     deviations = flow.deviations(factors, noise, structure)
     points = mean + deviations
     logp, grad_logp, _ = target.logp_and_grads(points)
-    free_energy = flow.free_energy(logp, factors, structure)
+    free_energy = flow.free_energy(logp, factors, structure, weights)
     shift, directions, dec_mean, dec_cov, spectral = flow.natural_directions(
-        -grad_logp, noise, factors, structure
+        -grad_logp, noise, factors, structure, weights
     )
     rank = sum(f.type.shape[-1] for f in factors)
     eta_mean = cap(base_step, pt.sqrt(dec_mean), float(np.sqrt(rank)))
