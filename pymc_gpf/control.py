@@ -23,8 +23,8 @@ are :data:`REASONS`. The rules:
   Monte Carlo error of the averaged location and log-scale of q (in units of q's spread,
   accounting for the iterates' correlation time ``(2 - rate) / rate``) is below ``tol``,
   and is **converged**, returning that average, when it agrees with the average at twice
-  the step (else the step halves and it averages again). A step size below ``min_rate`` without settling
-  is a **floor** (not converged).
+  the step (else the step halves and it averages again). A step size below ``min_rate``
+  without settling is a **floor** (not converged).
 * :class:`FixedSteps` (a numeric ``learning_rate``, Algorithm 2 / eq. 11 as printed): runs
   the ``n`` steps asked for; with ``tol`` it stops when the free energy of a window is not
   significantly below the previous window's and fell by less than ``tol**2`` nats.
