@@ -151,12 +151,13 @@ class GF(FlowInference):
         GPF's with ``N <= D``).
     draws_per_step
         Draws ``S >= 1`` of q per step (Monte Carlo for the update and the free energy).
-        ``"auto"`` (default): with the automatic step size, ``2 max(K, 10)`` (at most
-        1000) draws in antithetic pairs, whitened so that they integrate every polynomial
-        of degree up to 3 exactly under q; with a fixed ``learning_rate``, 10 independent
-        draws. An explicit number is honoured (at the automatic step size in pairs: an odd
-        number gets one more draw). Called ``n_samples`` before 0.2 (still accepted, with a
-        warning).
+        ``"auto"`` (default): with the automatic step size, the ``2 max(K, 10) + 1`` (at
+        most 1001) points of a stochastic spherical-radial rule
+        (:func:`pymc_gpf.gf.flow.spherical_radial`), which integrates every polynomial of
+        degree up to 3 exactly under q and every other function without bias; with a fixed
+        ``learning_rate``, 10 independent draws. An explicit number is honoured (at the
+        automatic step size rounded up to whole rules: ``S/2`` directions and the centre).
+        Called ``n_samples`` before 0.2 (still accepted, with a warning).
     structure
         ``"full"``, ``"diagonal"`` (mean field), ``"variables"`` (one block per free
         variable) or a list of lists of variable names (block-diagonal, §3.5).
@@ -175,7 +176,7 @@ class GF(FlowInference):
 
     Notes
     -----
-    The automatic step (fresh whitened antithetic draws, natural-gradient steps in a trust
+    The automatic step (fresh spherical-radial draws, natural-gradient steps in a trust
     region, :class:`pymc_gpf.control.Stochastic`'s schedule) is :mod:`pymc_gpf.gf.step`.
     The fit keywords are those of :meth:`pymc_gpf.GPF.fit`.
     """

@@ -1,16 +1,16 @@
 """One GF step as a pure function of its parameters: eq. 11 with fixed step sizes, and the
-automatic natural step (whitened antithetic draws, natural-gradient directions inside a
+automatic natural step (spherical-radial draws, natural-gradient directions inside a
 trust region, :func:`pymc_gpf.gf.flow.natural_directions`).
 
-At the automatic step size (the default) each step draws fresh whitened antithetic pairs,
-takes natural-gradient steps inside a trust region (the mean moves at most ``sqrt(K)`` of
-q's sds, the spread changes by at most 50 %) and the step size follows
-:class:`pymc_gpf.control.Stochastic`: halved when the free energy stops falling, the fit
-ending on the average of its iterates at a step of at most 1/2 once that is precise to
-``tol`` sds. Fresh draws
-every step mean the fit cannot adapt itself to particular points, so GF has no finite-N
-bias of GPF's kind (the whitening leaves only a small bias of order 1/S in moments of
-degree 4 and higher). Plain descent on ``Gamma`` (fixed steps) is stable for
+At the automatic step size (the default) each step evaluates the points of a fresh
+stochastic spherical-radial rule (:func:`pymc_gpf.gf.flow.spherical_radial`: exact to
+degree 3, unbiased for every function), takes natural-gradient steps inside a trust region
+(the mean moves at most ``sqrt(K)`` of q's sds, the spread changes by at most 50 %) and the
+step size follows :class:`pymc_gpf.control.Stochastic`: halved when the free energy stops
+falling, the fit ending on the average of its iterates at a step of at most 1/2 once that is
+precise to ``tol`` sds and agrees with the average at twice the step. Fresh draws every step
+mean the fit cannot adapt itself to particular points, so GF has no finite-N bias of GPF's
+kind. Plain descent on ``Gamma`` (fixed steps) is stable for
 ``eta2 < 2 / kappa`` (``kappa`` the condition number of the posterior covariance); the
 iterates fluctuate around the fixed point with a spread of order ``sqrt(eta / S)``.
 """
@@ -111,9 +111,10 @@ def natural_step(
     base_step: Variable,
     weights: Variable | None = None,
 ) -> tuple[NaturalState, Info]:
-    """Natural-gradient steps from whitened antithetic draws ``noise``: the mean moves at
-    most ``sqrt(K)`` of q's sds, the spread changes by at most :data:`MAX_SCALE_STEP`; a
-    non-finite step is refused (q and the recorded free energy kept)."""
+    """Natural-gradient steps from the draws ``noise`` of a quadrature rule with ``weights``
+    (default: equal): the mean moves at most ``sqrt(K)`` of q's sds, the spread changes by
+    at most :data:`MAX_SCALE_STEP`; a non-finite step is refused (q and the recorded free
+    energy kept)."""
     mean, factors = state.q.mean, list(state.q.factor)
     deviations = flow.deviations(factors, noise, structure)
     points = mean + deviations
