@@ -243,31 +243,21 @@ def test_the_stochastic_rule_stops_on_a_converged_fit_with_a_precise_average(see
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_the_stochastic_rule_does_not_end_on_the_biased_average_of_full_steps(seed):
+@pytest.mark.parametrize(("noise", "largest_rate"), [(0.3, 0.5), (0.8, 0.125)])
+def test_the_stochastic_rule_ends_on_an_unbiased_average(noise, largest_rate, seed):
     """A curved objective (gradient ``d - c d^2`` near the optimum ``d = 0``) with noise
     ``sigma``: the average of iterates at step size ``r`` sits ``c Var = c sigma^2 r / (2 - r)``
-    above the optimum (Dieuleveut, Durmus & Bach 2020): 0.081 at ``r = 1``, 0.027 at
-    ``r = 1/2``. The rule averages only at ``r <= 1/2``, so its average is within 3 tol of
-    the optimum; ending on full steps' average (the rule before) missed it on every seed."""
-    run = _Iterate(noise=0.3, curvature=0.9, seed=seed, start=0.5)
-    control = run.control(tol=0.02)
-    stops = (control.observe(run.step(), {"accepted": True}) for _ in range(200_000))
-    assert any(stop == "converged" for stop in stops)
-    assert control.rate <= 0.5
-    assert abs(run.averaged - run.target) < 3 * 0.02
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_the_stochastic_rule_halves_the_step_until_its_average_is_unbiased(seed):
-    """The curved objective with more noise: the average at ``r = 1/2`` sits
-    ``0.9 * 0.8^2 / 3 = 0.19`` above the optimum, at ``r = 1/4`` 0.082, at ``1/8`` 0.038. No
-    fixed step bounds that bias on every target; the rule compares the averages at ``r``
-    and ``r/2`` (their gap is the bias left at ``r/2``) and ends within 3 tol."""
-    run = _Iterate(noise=0.8, curvature=0.9, seed=seed, start=0.5)
+    above the optimum (Dieuleveut, Durmus & Bach 2020). With ``sigma = 0.3``: 0.081 at
+    ``r = 1``, 0.027 at ``r = 1/2``; ending on full steps' average (an earlier rule) missed
+    the optimum on every seed. With ``sigma = 0.8``: 0.19 at ``r = 1/2``, 0.082 at ``1/4``,
+    0.038 at ``1/8``, so no fixed step bounds the bias on every target; the rule compares the
+    averages at ``r`` and ``r/2`` (their gap is the bias left at ``r/2``). Either way it ends
+    within 3 tol of the optimum."""
+    run = _Iterate(noise=noise, curvature=0.9, seed=seed, start=0.5)
     control = run.control(tol=0.02)
     stops = (control.observe(run.step(), {"accepted": True}) for _ in range(400_000))
     assert any(stop == "converged" for stop in stops)
-    assert control.rate <= 0.125
+    assert control.rate <= largest_rate
     assert abs(run.averaged - run.target) < 3 * 0.02
 
 
