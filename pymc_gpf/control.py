@@ -398,8 +398,9 @@ class Stochastic(Control):
         falling = previous is None or previous[0] - stats[0] > z * math.sqrt(previous[1] + stats[1])
         locations = np.asarray(self._locations)
         if self.averaging:
-            if falling:  # not stationary after all: average afresh from here
-                self._average = _Average()
+            if falling:  # not stationary after all: average afresh from here, and
+                # compare with no average of an earlier q
+                self._average, self._coarse = _Average(), None
             else:
                 self._average.add_window(locations)
                 if self._average.windows >= self.min_windows and self._average_error() < self.tol:
