@@ -27,7 +27,7 @@ class EnsembleConfig(MethodConfig):
     init: str = "auto"
     init_scale: float = 1.0
     thin: int = 1
-    target_ess: int = 400
+    target_ess: int | str = "auto"
     precondition: bool = True
 
     def __post_init__(self):
@@ -42,9 +42,12 @@ class EnsembleConfig(MethodConfig):
             raise ValueError(f"init must be one of {ENSEMBLE_INITS}, got {self.init!r}.")
         if self.bandwidth != "median":
             self._normalise(bandwidth=positive("bandwidth", self.bandwidth))
-        for name in ("thin", "target_ess"):
-            if not is_integer(getattr(self, name), 1):
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}.")
+        if not is_integer(self.thin, 1):
+            raise ValueError(f"thin must be a positive integer, got {self.thin!r}.")
+        if self.target_ess != "auto" and not is_integer(self.target_ess, 1):
+            raise ValueError(
+                f"target_ess must be 'auto' or a positive integer, got {self.target_ess!r}."
+            )
         if not isinstance(self.precondition, bool | np.bool_):
             raise ValueError(f"precondition must be True or False, got {self.precondition!r}.")
         self._normalise(
@@ -54,8 +57,15 @@ class EnsembleConfig(MethodConfig):
             repulsion=positive("repulsion", self.repulsion),
             init_scale=positive("init_scale", self.init_scale),
             thin=int(self.thin),
-            target_ess=int(self.target_ess),
         )
+        if self.target_ess != "auto":
+            self._normalise(target_ess=int(self.target_ess))
+
+    def target_ess_used(self, ndim: int) -> int:
+        """``"auto"``: :func:`pymc_gpf.ensemble.control.accuracy_ess` of ``ndim``."""
+        from pymc_gpf.ensemble.control import accuracy_ess
+
+        return accuracy_ess(ndim) if self.target_ess == "auto" else self.target_ess
 
     @property
     def resolved_init(self) -> str:
