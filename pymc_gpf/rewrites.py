@@ -13,13 +13,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytensor.tensor as pt
+
 from pytensor.compile.mode import Mode, get_mode
-from pytensor.graph.replace import _vectorize_node
+from pytensor.graph.basic import Variable
+from pytensor.graph.replace import _vectorize_node, vectorize_graph
 from pytensor.graph.rewriting.basic import in2out, node_rewriter
 from pytensor.scalar import Switch
 from pytensor.tensor import switch
+from pytensor.tensor.basic import AllocDiag, Join, alloc_diag
+from pytensor.tensor.blockwise import Blockwise, vectorize_node_fallback
 from pytensor.tensor.elemwise import Elemwise, get_normalized_batch_axes
+from pytensor.tensor.rewriting.subtensor import local_blockwise_inc_subtensor
+from pytensor.tensor.shape import Shape, shape
 from pytensor.tensor.special import LogSumExp
+from pytensor.tensor.subtensor import AdvancedIncSubtensor, IncSubtensor
 
 # after "specialize" (2), where log(sigmoid(x)) becomes -softplus(-x); before fusion (49)
 LIFT_SWITCH_POSITION = 2.5
@@ -33,6 +44,81 @@ def _vectorize_logsumexp(op: LogSumExp, node, batched_x):
         return [op(batched_x)]
     axis = get_normalized_batch_axes(op.axis, core_ndim, batch_ndim)
     return [type(op)(axis=axis)(batched_x)]
+
+
+@_vectorize_node.register(AllocDiag)
+def _vectorize_alloc_diag(op: AllocDiag, node, batched_x):
+    batch_ndim = batched_x.type.ndim - node.inputs[0].type.ndim
+    return alloc_diag(
+        batched_x, offset=op.offset, axis1=op.axis1 + batch_ndim, axis2=op.axis2 + batch_ndim
+    ).owner
+
+
+@_vectorize_node.register(IncSubtensor)
+@_vectorize_node.register(AdvancedIncSubtensor)
+def _vectorize_inc_subtensor(op, node, *batched_inputs):
+    """PyTensor has no batched rule for writing into a tensor (the ordered transform,
+    imputation, the LKJ factor): its ``Blockwise`` is rewritten away only at compile time,
+    after the gradient of the batched graph has been taken through it, and that gradient
+    (``Join``, ``Split``, ``AdvancedSubtensor`` of a ``Blockwise``) stays a loop. Applied here,
+    PyTensor's own rewrite (``local_blockwise_inc_subtensor``) keeps both batched."""
+    looped = vectorize_node_fallback(op, node, *batched_inputs)
+    if not isinstance(looped.op, Blockwise):
+        return looped
+    rewritten = local_blockwise_inc_subtensor.transform(None, looped)
+    if not rewritten or rewritten[0].owner is None or len(rewritten[0].owner.outputs) != 1:
+        return looped
+    return rewritten[0].owner
+
+
+@_vectorize_node.register(Join)
+def _vectorize_join(op: Join, node, *batched_inputs):
+    """PyTensor's rule loops unless every input has the same batch dimensions; a constant
+    joined to a batched one (the ordered logistic's ``[-inf, cutpoints, inf]``) is
+    broadcast to the batch first."""
+    pairs = zip(batched_inputs, node.inputs, strict=True)
+    batch_ndims = [batched.type.ndim - core.type.ndim for batched, core in pairs]
+    batch_ndim = max(batch_ndims)
+    if not batch_ndim:
+        return op.make_node(*batched_inputs)
+    reference = batched_inputs[batch_ndims.index(batch_ndim)]
+    batch_shape = tuple(reference.shape)[:batch_ndim]
+    inputs = []
+    for batched, ndim in zip(batched_inputs, batch_ndims, strict=True):
+        padded = pt.shape_padleft(batched, batch_ndim - ndim)
+        if padded.type.broadcastable[:batch_ndim] != reference.type.broadcastable[:batch_ndim]:
+            padded = pt.alloc(padded, *batch_shape, *tuple(padded.shape)[batch_ndim:])
+        inputs.append(padded)
+    return Join(op.axis + batch_ndim).make_node(*inputs)
+
+
+def _core_shape(op: Shape, node, batched_x):
+    batch_ndim = batched_x.type.ndim - node.inputs[0].type.ndim
+    return shape(batched_x)[batch_ndim:].owner
+
+
+@contextmanager
+def _core_shapes() -> Iterator[None]:
+    """Within the block, a vectorised ``x.shape`` is the core shape, unbatched.
+
+    PyTensor broadcasts it to the batch (``(N, ndim)``, one copy per particle), which is
+    right for any batch but makes every index built from a shape batched: ``arange``,
+    ``take_along_axis`` (PyMC's Categorical), the ordered logistic's cutpoints and the LKJ
+    factor's indices then fall back to per-particle ``Blockwise`` loops the compiler cannot
+    remove. Rows of one particle matrix all have the same core shape. Scoped, so that other
+    users of ``vectorize_graph`` in the process keep PyTensor's rule."""
+    original = _vectorize_node.dispatch(Shape)
+    _vectorize_node.register(Shape, _core_shape)
+    try:
+        yield
+    finally:
+        _vectorize_node.register(Shape, original)
+
+
+def batched_graph(outputs: list[Variable], replace: dict) -> list[Variable]:
+    """``vectorize_graph(outputs, replace)`` with the core-shape rule (:func:`_core_shapes`)."""
+    with _core_shapes():
+        return list(vectorize_graph(outputs, replace=replace))
 
 
 @node_rewriter([Elemwise])

@@ -32,7 +32,7 @@ from pytensor.compile.ops import ViewOp
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
 from pytensor.graph.fg import FunctionGraph
-from pytensor.graph.replace import clone_replace, graph_replace, vectorize_graph
+from pytensor.graph.replace import clone_replace, graph_replace
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.random.type import RandomGeneratorType
@@ -42,7 +42,7 @@ from pytensor.tensor.type import discrete_dtypes
 from pymc_gpf.errors import InitialPointError, ModelNotSupportedError
 from pymc_gpf.jaxlink import shard_rows, sync_generators, whole_on_every_host
 from pymc_gpf.linker import quick_c_mode
-from pymc_gpf.rewrites import with_rewrites
+from pymc_gpf.rewrites import batched_graph, with_rewrites
 
 __all__ = [
     "QUICK_C",
@@ -157,7 +157,33 @@ def compile_function(
         # BLAS); the quick_c and numba backends do not need the link it warns about
         warnings.filterwarnings("ignore", "PyTensor could not link to a BLAS", UserWarning)
         fn = compile_pymc(inputs, outputs, **compile_kwargs_for(backend, compile_kwargs), **kwargs)
+    _warn_looped(fn)
     return sync_generators(fn)
+
+
+def _warn_looped(fn) -> None:
+    """Warn once if the compiled graph still loops an Op over particles.
+
+    ``vectorize_graph`` wraps an Op it has no batched rule for in a ``Blockwise``, but
+    PyTensor's rewrites turn many of those back into one batched call (``IncSubtensor``,
+    ``AllocEmpty`` and ``Alloc`` of the ordered transform, basic ``Subtensor``): only what is
+    left after compilation loops. (A core Op with a ``gufunc_signature``, such as a
+    Cholesky, is a batched kernel of its own.)"""
+    looped = sorted(
+        {
+            str(node.op.core_op)
+            for node in fn.maker.fgraph.apply_nodes
+            if isinstance(node.op, Blockwise) and not hasattr(node.op.core_op, "gufunc_signature")
+        }
+    )
+    if looped:
+        _warn_once(
+            f"blockwise:{looped}",
+            f"pymc-gpf: the Ops {looped} have no batched implementation, so PyTensor runs "
+            "them once per particle or draw, one after another: the results are exact, but "
+            "these Ops cost N times their single-point cost each step (N particles or draws) "
+            "instead of one batched call.",
+        )
 
 
 def _map_rows(outputs: list[Variable], flat: Variable, rows: Variable) -> list[Variable]:
@@ -172,11 +198,12 @@ def _map_rows(outputs: list[Variable], flat: Variable, rows: Variable) -> list[V
 def _try_vectorize(outputs: list[Variable], flat: Variable, rows: Variable, what: str):
     """``vectorize_graph`` over rows, or None (after one warning) if it cannot be done.
 
-    Ops without a batched implementation are wrapped by PyTensor in a ``Blockwise`` loop
-    (correct, slower): that is reported once too.
+    Ops without a batched rule are wrapped in a ``Blockwise`` loop (correct, slower); those
+    the compiler's rewrites do not remove are reported once when the graph is compiled
+    (:func:`_warn_looped`).
     """
     try:
-        batched = vectorize_graph(_without_view_ops(outputs), replace={flat: rows})
+        batched = batched_graph(_without_view_ops(outputs), replace={flat: rows})
     except NotImplementedError as err:
         _warn_once(
             f"scan:{what}",
@@ -184,23 +211,6 @@ def _try_vectorize(outputs: list[Variable], flat: Variable, rows: Variable, what
             "falling back to a slower per-particle loop inside the compiled function.",
         )
         return None
-    looped = sorted(
-        {
-            str(var.owner.op.core_op)
-            for var in ancestors(batched)
-            if var.owner is not None
-            and isinstance(var.owner.op, Blockwise)
-            and not hasattr(var.owner.op.core_op, "gufunc_signature")
-        }
-    )
-    if looped:
-        _warn_once(
-            f"blockwise:{what}:{looped}",
-            f"pymc-gpf: the Ops {looped} in the {what} graph have no batched implementation, "
-            "so PyTensor runs them once per particle or draw, one after another: the results "
-            "are exact, but these Ops cost N times their single-point cost each step (N "
-            "particles or draws) instead of one batched call.",
-        )
     return list(batched)
 
 

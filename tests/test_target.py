@@ -7,7 +7,11 @@ import pymc as pm
 import pytensor.tensor as pt
 import pytest
 
+from pymc.distributions.transforms import ordered
+from pytensor.compile.mode import Mode
+from pytensor.graph.basic import Apply
 from pytensor.graph.fg import FunctionGraph
+from pytensor.graph.op import Op
 from pytensor.graph.rewriting.basic import in2out
 from pytensor.graph.traversal import ancestors
 from pytensor.scalar import Switch
@@ -74,6 +78,86 @@ def test_simplex_transform_is_truly_batched(simplex_model):
     assert Blockwise not in ops
 
 
+LOOPING_MODE = {"mode": Mode(linker="py", optimizer="fast_run").excluding("fusion")}  # no C
+
+
+def _looped_ops(fn) -> set:
+    return {n.op for n in fn.maker.fgraph.apply_nodes if isinstance(n.op, Blockwise)}
+
+
+def test_common_model_ops_compile_to_batched_ops_without_a_warning():
+    """Ops PyTensor has no batched rule for, or whose rule loops on a shape-derived index:
+    the ordered transform's ``AllocEmpty``/``SetSubtensor`` (and the ``Join``/``Split`` of
+    their gradient) with the ordered logistic's cutpoints joined to constants, the LKJ factor's
+    ``AdvancedSetSubtensor``, a Categorical's ``take_along_axis`` over a 2-D Dirichlet, a
+    covariance's ``AllocDiag``, imputed observations: one model with all of them compiles with
+    no per-particle loop left (a gufunc kernel such as the Cholesky is batched itself), no
+    warning, and PyMC's values and gradients at every particle."""
+    rng = np.random.default_rng(2)
+    imputed = rng.normal(size=(10, 3))
+    imputed[[2, 5], [1, 0]] = np.nan
+    with pm.Model() as model:
+        cut = pm.Normal("cut", 0, 3, shape=3, transform=ordered, initval=[-1.0, 0.0, 1.0])
+        pm.OrderedLogistic("grade", eta=pm.Normal("eta"), cutpoints=cut,
+                           observed=rng.integers(0, 4, 20))  # fmt: skip
+        chol, _, _ = pm.LKJCholeskyCov(
+            "L", n=3, eta=2.0, sd_dist=pm.Exponential.dist(1.0), compute_corr=True
+        )
+        pm.MvNormal("z", np.zeros(3), chol=chol, observed=rng.normal(size=(8, 3)))
+        p = pm.Dirichlet("p", np.ones(3), shape=(4, 3))
+        pm.Categorical("c", p[np.arange(12) % 4], observed=rng.integers(0, 3, 12))
+        scale = pm.HalfNormal("scale")
+        pm.MvNormal("v", 0.0, cov=pt.diag(pt.ones(3) * scale**2), observed=rng.normal(size=3))
+        pm.Normal("x", pm.Normal("m", shape=3), 1.0, observed=imputed)
+    target = BatchedTarget(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fn = target.compile_logp_dlogp(compile_kwargs=LOOPING_MODE)
+    assert not {op for op in _looped_ops(fn) if not hasattr(op.core_op, "gufunc_signature")}
+    points = 0.3 * np.random.default_rng(3).normal(size=(5, target.ndim))
+    logp, grad = fn(points)
+    pm_logp = model.compile_logp(**PYTHON_MODE)
+    pm_dlogp = model.compile_dlogp(**PYTHON_MODE)
+    for i, x in enumerate(points):
+        assert logp[i] == pytest.approx(pm_logp(target.point(x)), rel=1e-12)
+        np.testing.assert_allclose(grad[i], pm_dlogp(target.point(x)), rtol=1e-10, atol=1e-12)
+
+
+class _Cube(Op):
+    """``x ** 3`` elementwise, with no batched rule (a user's custom Op)."""
+
+    def make_node(self, x):
+        x = pt.as_tensor_variable(x)
+        return Apply(self, [x], [x.type()])
+
+    def perform(self, node, inputs, outputs):
+        outputs[0][0] = inputs[0] ** 3
+
+    def pullback(self, inputs, outputs, cotangents):
+        return [3 * inputs[0] ** 2 * cotangents[0]]
+
+
+def test_an_op_left_looping_after_compilation_is_reported_once():
+    with pm.Model() as model:
+        x = pm.Normal("x", shape=2)
+        pm.Potential("cube", -(pt.sum(_Cube()(x)) ** 2) / 10)
+    target = BatchedTarget(model)
+    monkey = set()
+    target_module._WARNED, saved = monkey, target_module._WARNED
+    try:
+        with pytest.warns(RuntimeWarning, match=r"the Ops \['_Cube'\] have no batched"):
+            fn = target.compile_logp_dlogp(compile_kwargs=LOOPING_MODE)
+    finally:
+        target_module._WARNED = saved
+    assert _looped_ops(fn)
+    points = np.array([[1.0, 2.0], [0.5, -1.0]])
+    logp, grad = fn(points)
+    cubes = np.sum(points**3, axis=1)
+    expected = -0.5 * np.sum(points**2, axis=1) - np.log(2 * np.pi) - cubes**2 / 10
+    np.testing.assert_allclose(logp, expected, rtol=1e-12)
+    np.testing.assert_allclose(grad, -points - (cubes / 5)[:, None] * 3 * points**2, rtol=1e-12)
+
+
 def test_switch_of_one_unary_op_is_lifted():
     """switch(c, f(a), f(b)) -> f(switch(c, a, b)): one transcendental per element."""
     c, a, b = pt.vector("c", dtype="bool"), pt.vector("a"), pt.vector("b")
@@ -92,7 +176,7 @@ def test_fallback_when_the_graph_cannot_be_vectorised(simplex_model, batched, mo
     def refuse(*args, **kwargs):
         raise NotImplementedError("no batched rule")
 
-    monkeypatch.setattr(target_module, "vectorize_graph", refuse)
+    monkeypatch.setattr(target_module, "batched_graph", refuse)
     monkeypatch.setattr(target_module, "_WARNED", set())
     with pytest.warns(RuntimeWarning, match="falling back to a slower per-particle loop"):
         got = target.compile_logp_dlogp(compile_kwargs=PYTHON_MODE)(points)
