@@ -23,6 +23,7 @@ from pytensor.graph.basic import Variable
 from pytensor.graph.replace import _vectorize_node, vectorize_graph
 from pytensor.graph.rewriting.basic import in2out, node_rewriter
 from pytensor.scalar import Switch
+from pytensor.scan.op import Scan
 from pytensor.tensor import switch
 from pytensor.tensor.basic import AllocDiag, Join, alloc_diag
 from pytensor.tensor.blockwise import Blockwise, vectorize_node_fallback
@@ -31,6 +32,7 @@ from pytensor.tensor.rewriting.subtensor import local_blockwise_inc_subtensor
 from pytensor.tensor.shape import Shape, shape
 from pytensor.tensor.special import LogSumExp
 from pytensor.tensor.subtensor import AdvancedIncSubtensor, IncSubtensor
+from pytensor.tensor.type import TensorType
 
 # after "specialize" (2), where log(sigmoid(x)) becomes -softplus(-x); before fusion (49)
 LIFT_SWITCH_POSITION = 2.5
@@ -90,6 +92,91 @@ def _vectorize_join(op: Join, node, *batched_inputs):
             padded = pt.alloc(padded, *batch_shape, *tuple(padded.shape)[batch_ndim:])
         inputs.append(padded)
     return Join(op.axis + batch_ndim).make_node(*inputs)
+
+
+@_vectorize_node.register(Scan)
+def _vectorize_scan(op: Scan, node, *batched_inputs):
+    """A loop over time whose state carries the batch: one ``Scan`` of ``(B, ...)`` states
+    instead of PyTensor's ``Blockwise`` of one ``Scan`` per particle (a GARCH or ARMA
+    likelihood, ``T`` steps each). Sequences and states enter time-major, ``(T, B, ...)``,
+    the inner graph is vectorised over the batch, and the outputs leave batch-major. Every
+    state is batched (a state that starts shared by the batch soon depends on it).
+    Loops with ``while``, taps into their own gradient (``mit_mot``) or untraced states keep
+    PyTensor's rule."""
+    info = op.info
+    pairs = zip(batched_inputs, node.inputs, strict=True)
+    batch = [batched.type.ndim - core.type.ndim for batched, core in pairs]
+    ndim = max(batch)
+    if not ndim:
+        return op.make_node(*batched_inputs)
+    if info.n_mit_mot or info.n_untraced_sit_sot or info.as_while or batch[0]:
+        return vectorize_node_fallback(op, node, *batched_inputs)
+    widest = max(
+        (i for i, b in enumerate(batch) if b == ndim),
+        key=lambda i: -sum(batched_inputs[i].type.broadcastable[:ndim]),
+    )
+    batch_shape = tuple(batched_inputs[widest].shape)[:ndim]
+    full = batched_inputs[widest].type.broadcastable[:ndim]
+
+    def time_major(x):  # (B..., T, ...) -> (T, B..., ...)
+        return x.dimshuffle(ndim, *range(ndim), *range(ndim + 1, x.type.ndim))
+
+    def inner_like(core, time_major_outer):  # an inner input with the outer's batch dims
+        batch_dims = time_major_outer.type.shape[1 : ndim + 1]
+        return TensorType(core.type.dtype, shape=batch_dims + core.type.shape)()
+
+    inner_inputs = [v.type() for v in op.fgraph.inputs]
+    core_outputs = op.fgraph.bind(inner_inputs)  # mutable copies of the frozen inner graph
+    outer = [batched_inputs[0]]
+    replace, k = {}, 0
+    n_seqs, recurrent = info.n_seqs, info.mit_sot_in_slices + info.sit_sot_in_slices
+    for i in range(n_seqs):
+        x, b = batched_inputs[1 + i], batch[1 + i]
+        if b:
+            x = time_major(pt.shape_padleft(x, ndim - b))
+            replace[inner_inputs[k]] = inner_like(inner_inputs[k], x)
+        outer.append(x)
+        k += 1
+    states = []
+    for j, taps in enumerate(recurrent):
+        x = batched_inputs[1 + n_seqs + j]
+        x = pt.shape_padleft(x, ndim - batch[1 + n_seqs + j])
+        if x.type.broadcastable[:ndim] != full:
+            x = pt.alloc(x, *batch_shape, *tuple(x.shape)[ndim:])
+        x = time_major(x)
+        first = inner_like(inner_inputs[k], x)
+        states.append(first)
+        replace[inner_inputs[k]] = first
+        for tap in range(1, len(taps)):
+            replace[inner_inputs[k + tap]] = first.type()
+        outer.append(x)
+        k += len(taps)
+    start = 1 + n_seqs + len(recurrent)
+    outer += batched_inputs[start : start + info.n_nit_sot]
+    for i in range(info.n_non_seqs):
+        x = batched_inputs[start + info.n_nit_sot + i]
+        if x.type.ndim > inner_inputs[k].type.ndim:
+            replace[inner_inputs[k]] = x.type()
+        outer.append(x)
+        k += 1
+    inner_outputs = list(vectorize_graph(core_outputs, replace=replace))
+    for j, state in enumerate(states):  # a state's update has the state's type
+        update = inner_outputs[j]
+        if update.type.ndim < state.type.ndim:
+            update = pt.alloc(update, *tuple(state.shape))
+        inner_outputs[j] = state.type.filter_variable(update)
+    looped = Scan(
+        [replace.get(v, v) for v in inner_inputs], inner_outputs, info, mode=op.mode,
+        truncate_gradient=op.truncate_gradient, name=op.name, profile=op.profile,
+        allow_gc=op.allow_gc, strict=op.strict,
+    )  # fmt: skip
+    outputs = looped(*outer, return_list=True)
+    return [
+        x.dimshuffle(*range(1, ndim + 1), 0, *range(ndim + 1, x.type.ndim))
+        if x.type.ndim > old.type.ndim
+        else x
+        for x, old in zip(outputs, node.outputs, strict=True)
+    ]
 
 
 def _core_shape(op: Shape, node, batched_x):

@@ -4,6 +4,7 @@ import warnings
 
 import numpy as np
 import pymc as pm
+import pytensor
 import pytensor.tensor as pt
 import pytest
 
@@ -15,6 +16,7 @@ from pytensor.graph.op import Op
 from pytensor.graph.rewriting.basic import in2out
 from pytensor.graph.traversal import ancestors
 from pytensor.scalar import Switch
+from pytensor.scan.op import Scan
 from pytensor.tensor.blockwise import Blockwise
 
 import pymc_gpf.target as target_module
@@ -115,6 +117,44 @@ def test_common_model_ops_compile_to_batched_ops_without_a_warning():
         fn = target.compile_logp_dlogp(compile_kwargs=LOOPING_MODE)
     assert not {op for op in _looped_ops(fn) if not hasattr(op.core_op, "gufunc_signature")}
     points = 0.3 * np.random.default_rng(3).normal(size=(5, target.ndim))
+    logp, grad = fn(points)
+    pm_logp = model.compile_logp(**PYTHON_MODE)
+    pm_dlogp = model.compile_dlogp(**PYTHON_MODE)
+    for i, x in enumerate(points):
+        assert logp[i] == pytest.approx(pm_logp(target.point(x)), rel=1e-12)
+        np.testing.assert_allclose(grad[i], pm_dlogp(target.point(x)), rtol=1e-10, atol=1e-12)
+
+
+def test_a_loop_over_time_is_one_scan_over_the_batch():
+    """A GARCH-like variance recursion (a state, parameters, a sequence) and a level with two
+    lags (taps -2 and -1) run as one ``Scan`` of batched states each way (no ``Blockwise``,
+    no ``Scan`` inside another), with PyMC's values and gradients at every particle."""
+    y = np.random.default_rng(4).normal(size=24)
+    with pm.Model() as model:
+        a, b = pm.Normal("a", 0, 0.3), pm.Normal("b", 0, 0.3)
+        omega, alpha = pm.HalfNormal("omega"), pm.Uniform("alpha", 0, 0.5)
+        returns = pt.as_tensor(y)
+        variance = pytensor.scan(
+            lambda r, v, om, al: om + al * r**2 + (1 - al - 0.2) * v,
+            sequences=[returns[:-1]], outputs_info=[omega / 0.2], non_sequences=[omega, alpha],
+            return_updates=False,
+        )  # fmt: skip
+        pm.Normal("r", 0.0, pt.sqrt(variance), observed=y[1:])
+        level = pytensor.scan(
+            lambda x, l2, l1, a_, b_: a_ * l1 + b_ * l2 + x,
+            sequences=[returns[2:]], outputs_info=[{"initial": pt.stack([a, b]), "taps": [-2, -1]}],
+            non_sequences=[a, b], return_updates=False,
+        )  # fmt: skip
+        pm.Normal("l", level, 1.0, observed=np.zeros(22))
+    target = BatchedTarget(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fn = target.compile_logp_dlogp(compile_kwargs=LOOPING_MODE)
+    nodes = fn.maker.fgraph.apply_nodes
+    scans = [n for n in nodes if isinstance(n.op, Scan)]
+    assert scans and not _looped_ops(fn)
+    assert not any(isinstance(m.op, Scan) for n in scans for m in n.op.fgraph.apply_nodes)
+    points = 0.3 * np.random.default_rng(5).normal(size=(5, target.ndim))
     logp, grad = fn(points)
     pm_logp = model.compile_logp(**PYTHON_MODE)
     pm_dlogp = model.compile_dlogp(**PYTHON_MODE)
