@@ -353,7 +353,8 @@ def minibatch_regression():
 @pytest.mark.parametrize("method", names("minibatch"))
 def test_a_minibatch_regression_fits_at_defaults(minibatch_regression, method):
     """No argument but the seed: the fit converges (the averaged iterate's Monte Carlo error
-    below tol = 0.05 sds; the Langevin ensemble, SGLD: ESS 400) and matches the closed-form
+    below tol = 0.05 sds; the Langevin ensemble, SGLD: ESS 400, the least its automatic
+    target takes) and matches the closed-form
     posterior. (The ensemble's step rule for minibatches matters: at the full-data step the
     gradient noise inflates its sds by 50-85 % here.)"""
     model, mean, sd = minibatch_regression

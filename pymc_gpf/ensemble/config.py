@@ -61,12 +61,6 @@ class EnsembleConfig(MethodConfig):
         if self.target_ess != "auto":
             self._normalise(target_ess=int(self.target_ess))
 
-    def target_ess_used(self, ndim: int) -> int:
-        """``"auto"``: :func:`pymc_gpf.ensemble.control.accuracy_ess` of ``ndim``."""
-        from pymc_gpf.ensemble.control import accuracy_ess
-
-        return accuracy_ess(ndim) if self.target_ess == "auto" else self.target_ess
-
     @property
     def resolved_init(self) -> str:
         """``"auto"`` is ``"initial_point"``: particles spread around one point reach every

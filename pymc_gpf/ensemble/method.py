@@ -15,7 +15,13 @@ from pymc_gpf.datatree import build_datatree
 from pymc_gpf.engine import FlowInference
 from pymc_gpf.ensemble import flow, step
 from pymc_gpf.ensemble.config import EnsembleConfig
-from pymc_gpf.ensemble.control import RIDGE, SamplingControl
+from pymc_gpf.ensemble.control import (
+    MEAN_ACCURACY,
+    MINIBATCH_ACCURACY,
+    RIDGE,
+    SamplingControl,
+    accuracy_ess,
+)
 from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gf.method import GF
@@ -344,8 +350,17 @@ class Ensemble(FlowInference):
             rate=rate,
             adapt=auto,
             thin=self.config.thin,
-            target_ess=self.config.target_ess_used(self.target.ndim),
+            target_ess=self._target_ess(),
         )
+
+    def _target_ess(self) -> int:
+        """``"auto"``: :func:`~pymc_gpf.ensemble.control.accuracy_ess` of ``D``; on
+        minibatches to :data:`~pymc_gpf.ensemble.control.MINIBATCH_ACCURACY`, as the other
+        methods' default ``tol`` is looser there."""
+        if self.config.target_ess != "auto":
+            return self.config.target_ess
+        accuracy = MINIBATCH_ACCURACY if self.target.minibatch else MEAN_ACCURACY
+        return accuracy_ess(self.target.ndim, accuracy)
 
     def _before_first_fit(self, options: FitOptions) -> None:
         """The Langevin kinds' preconditioner is a Gaussian fit's covariance: the chains
