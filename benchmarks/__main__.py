@@ -2,10 +2,10 @@
 ``list``.
 
 The full run rewrites ``docs/benchmarks.md`` (figures and ``benchmarks.csv`` in
-``docs/benchmarks/``); ``--quick`` (a smoke run of a few minutes, cold PyTensor cache
-included) writes to ``build/benchmarks-quick/`` unless ``--out`` says otherwise. The fits use
-PyMC's default backend (numba) in the full run and ``c`` in ``--quick``, which compiles a new
-graph several times faster (~10 s instead of ~1 min cold); ``--backend`` overrides either.
+``docs/benchmarks/``); ``--quick`` (small settings: a smoke run) writes to
+``build/benchmarks-quick/`` unless ``--out`` says otherwise. The fits use PyMC's default
+backend (numba) in the full run and ``c``, which compiles a new graph faster, in ``--quick``;
+``--backend`` overrides either (benchmarks/README.md has the measured compile times).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from benchmarks.suite import DOCS_DIR, EXPERIMENTS, QUICK_DIR, assemble, run_exp
 
 def pin_blas_threads(threads: int) -> None:
     """Limit every BLAS library to ``threads``: through the environment for those loaded
-    later (numba-compiled functions call SciPy's OpenBLAS, which NumPy does not load; left
-    at 2 threads next to a busy process it made a D = 500 batched gradient 10x slower), and
-    through threadpoolctl for those already loaded."""
+    later (numba-compiled functions call SciPy's OpenBLAS, which NumPy does not load: left at
+    2 threads next to a busy process it oversubscribes the cores), and through threadpoolctl
+    for those already loaded."""
     import os
 
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
