@@ -46,6 +46,22 @@ class Row:
     accurate = property(lambda self: bool(self.max_mean < GOOD and self.max_sd < GOOD))
     silent = property(lambda self: not self.accurate and not self.warned and self.label != OPTIMUM)
 
+    def metrics(self, names: str, silent_optimum: float = 0.0) -> list[tuple[str, float, str]]:
+        """``(metric, value, unit)`` of the CSV for the space-separated ``names``."""
+        silent = silent_optimum if self.label == OPTIMUM else float(self.silent)
+        values = {"steps": (self.steps, "steps"), "grad_evals": (self.grads, "gradients"),
+                  "density_evals": (self.densities, "log densities"),
+                  "seconds": (self.seconds, "s"),
+                  "max_abs_eps_mean": (self.max_mean, "ref sd"),
+                  "max_abs_eps_sd": (self.max_sd, "fraction"),
+                  "sliced_w2": (self.wasserstein, "ref sd"),
+                  "grads_to_accurate": (self.grads_to_accurate, "gradients"),
+                  "pareto_khat": (self.khat, ""), "free_energy_gap": (self.gap, "nats"),
+                  "silent": (silent, ""), "psis_max_abs_eps_mean": (self.psis[0], "ref sd"),
+                  "psis_max_abs_eps_sd": (self.psis[1], "fraction"),
+                  "check_seconds": (self.check_seconds, "s")}  # fmt: skip
+        return [(name, *values[name]) for name in names.split()]
+
 
 def scored(label: str, errors: tuple, *args, **kwargs) -> Row:
     """A row from ``(max |ε_μ|, max |ε_σ|[, sliced W2])`` and the other fields."""
@@ -182,17 +198,13 @@ def reference(ctx) -> str:
             rows.append(scored(NUTS_LABEL, errors(run.values), run.seconds, run.grads, 2000, 0,
                                warned=run.divergences > 0, note=note))  # fmt: skip
         for r in rows:
-            ctx.record_many(case.name, r.label, [
-                ("steps", r.steps, "steps"), ("grad_evals", r.grads, "gradients"),
-                ("density_evals", r.densities, "log densities"), ("seconds", r.seconds, "s"),
-                ("max_abs_eps_mean", r.max_mean, "ref sd"),
-                ("max_abs_eps_sd", r.max_sd, "fraction"), ("sliced_w2", r.wasserstein, "ref sd"),
-                ("grads_to_accurate", r.grads_to_accurate, "gradients"),
-                ("pareto_khat", r.khat, ""), ("free_energy_gap", r.gap, "nats"),
-                ("silent", float(r.silent), ""),
-                ("psis_max_abs_eps_mean", r.psis[0], "ref sd"),
-                ("psis_max_abs_eps_sd", r.psis[1], "fraction"),
-            ], " ".join(x for x in (r.stop, r.verdict, r.note) if x))  # fmt: skip
+            metrics = r.metrics(
+                "steps grad_evals density_evals seconds max_abs_eps_mean "
+                "max_abs_eps_sd sliced_w2 grads_to_accurate pareto_khat "
+                "free_energy_gap silent psis_max_abs_eps_mean psis_max_abs_eps_sd"
+            )
+            ctx.record_many(case.name, r.label, metrics,
+                            " ".join(x for x in (r.stop, r.verdict, r.note) if x))  # fmt: skip
     parts = [ctx.text("reference"), "### Summary", reference_summary(chosen, results)]
     for c in chosen:
         nuts = next((r.grads for r in results[c.name] if r.label == NUTS_LABEL), NAN)
@@ -300,15 +312,13 @@ def hard(ctx) -> str:
             rows.append(fit_hard(case, label, errors))
         for r in rows:
             summary.setdefault(r.label, []).append(r)
-            ctx.record_many(name, r.label, [
-                ("max_abs_eps_mean", r.max_mean, "ref sd"),
-                ("max_abs_eps_sd", r.max_sd, "fraction"), ("seconds", r.seconds, "s"),
-                ("grad_evals", r.grads, "gradients"),
-                ("silent", float(r.silent) if r.label != OPTIMUM else NAN, ""),
-                ("psis_max_abs_eps_mean", r.psis[0], "ref sd"),
-                ("psis_max_abs_eps_sd", r.psis[1], "fraction"),
-                ("check_seconds", r.check_seconds, "s"), ("pareto_khat", r.khat, ""),
-            ], f"{r.stop} {r.verdict} {r.note}".strip())  # fmt: skip
+            metrics = r.metrics(
+                "max_abs_eps_mean max_abs_eps_sd seconds grad_evals silent "
+                "psis_max_abs_eps_mean psis_max_abs_eps_sd check_seconds "
+                "pareto_khat",
+                silent_optimum=NAN,
+            )
+            ctx.record_many(name, r.label, metrics, f"{r.stop} {r.verdict} {r.note}".strip())
         body = [[r.label, fmt(r.max_mean, 2), pct(r.max_sd),
                  "" if r.label == OPTIMUM else ("yes" if r.accurate else "no"), r.verdict,
                  "" if r.label == OPTIMUM or r.warned is None else ("yes" if r.warned else "no"),
