@@ -1,16 +1,13 @@
-"""The benchmark suite: experiments, the context they record into, and the report.
+"""The suite: its sections, the context they record into, and the report.
 
-Every experiment is a module in this package with ``NAME``, ``TITLE`` and
-``run(ctx: Context) -> str`` (the markdown body of its section). It records every number it
-reports with :meth:`Context.record` (one CSV row each) and saves figures with
-:meth:`Context.figure`. ``python -m benchmarks run`` runs them and assembles the report.
-
-Each experiment's output is kept as a fragment (``sections/NAME.md`` and ``NAME.csv`` in the
-output folder) stamped with the machine, versions and date of the run that produced it, so
-``--only NAME`` refreshes one section without retyping the others; the report and the joined
-CSV are rebuilt from all fragments present. The full run writes to ``docs/benchmarks.md``
-(fragments, figures and ``benchmarks.csv`` under ``docs/benchmarks/``); ``--quick`` writes to
-``build/benchmarks-quick/`` so a smoke run never touches the published report.
+A section is a function ``run(ctx) -> markdown`` registered in its module's ``SECTIONS``
+(name -> title, function). Every number it reports goes through :meth:`Context.record` (one
+CSV row each), every figure through :meth:`Context.figure`, and its prose is a template in
+``benchmarks/prose.md`` (:meth:`Context.text`). Each section's output is a fragment
+(``sections/NAME.md`` and ``NAME.csv``) stamped with the machine, versions and date of its run,
+so ``--only NAME`` refreshes one section; the report and the joined CSV are rebuilt from all
+fragments present. The full run writes ``docs/benchmarks.md`` (fragments, figures and
+``benchmarks.csv`` under ``docs/benchmarks/``), ``--quick`` ``build/benchmarks-quick/``.
 """
 
 from __future__ import annotations
@@ -21,6 +18,7 @@ import importlib
 import io
 import os
 import platform
+import re
 import time
 
 from dataclasses import dataclass, field
@@ -28,34 +26,28 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# order of the report; module name in this package -> short name for --only
-EXPERIMENTS: dict[str, str] = {
-    "gaussian": "exp_gaussian",  # paper Fig. 2
-    "partial": "exp_partial",  # paper Fig. 3
-    "lowrank": "exp_lowrank",  # paper Fig. 4
-    "banana": "exp_banana",  # paper Fig. 5
-    "logistic": "exp_logistic",  # paper Fig. 6
-    "bnn": "exp_bnn",  # paper Table 1
-    "wvgd": "exp_wvgd",  # WVGD paper
-    "reference": "exp_reference",  # posteriordb + inference-gym ground truth
-    "hard": "exp_hard",  # posteriors the defaults were never tuned on, NUTS references
-    "minibatch": "exp_minibatch",  # pm.Minibatch at defaults, closed-form posterior
-    "type2": "exp_type2",  # more_obj_params at defaults, closed-form ML-II optimum
-    "speed": "exp_speed",  # per-step cost, scaling with D and N
-    "startup": "exp_startup",  # time to the first step, cold and warm cache
-    "scale": "exp_scale",  # JAX, particles split across devices
-}
-
 DOCS_DIR = ROOT / "docs" / "benchmarks"
 QUICK_DIR = ROOT / "build" / "benchmarks-quick"
-
 CSV_FIELDS = ["experiment", "case", "method", "metric", "value", "unit", "note"]
+# the report's order: section -> module of this package
+EXPERIMENTS = {
+    "logistic": "papers",  # paper Fig. 6
+    "bnn": "papers",  # paper Table 1
+    "wvgd": "papers",  # WVGD paper
+    "reference": "accuracy",  # posteriordb + inference-gym ground truth
+    "hard": "accuracy",  # posteriors the defaults were never tuned on, NUTS references
+    "minibatch": "accuracy",  # pm.Minibatch at defaults, closed-form posterior
+    "type2": "accuracy",  # more_obj_params at defaults, closed-form ML-II optimum
+    "speed": "speed",  # per-step cost, scaling with D and N
+    "startup": "speed",  # time to the first step, cold and warm cache
+    "scale": "speed",  # JAX, particles split across devices
+}
+_PROSE = Path(__file__).with_name("prose.md")
 
 
 @dataclass
 class Context:
-    """What an experiment gets: the mode, where to write, and the record of numbers."""
+    """What a section gets: the mode, where to write, and the record of numbers."""
 
     name: str
     quick: bool
@@ -64,77 +56,41 @@ class Context:
     device: str = "cpu"  # JAX platform of the sections that run on JAX
     records: list[dict[str, Any]] = field(default_factory=list)
 
-    @property
-    def figures_dir(self) -> Path:
-        path = self.out_dir / "figures"
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+    def pick(self, quick: Any, full: Any) -> Any:
+        """A setting's value in this mode."""
+        return quick if self.quick else full
 
     def figure(self, stem: str) -> tuple[Path, str]:
         """Path to save a PNG under, and the markdown that shows it in the report."""
-        path = self.figures_dir / f"{self.name}_{stem}.png"
-        rel = os.path.relpath(path, self.report_path.parent)
-        return path, f"![{stem}]({rel})"
+        path = self.out_dir / "figures" / f"{self.name}_{stem}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path, f"![{stem}]({os.path.relpath(path, report_path(self.out_dir).parent)})"
 
-    @property
-    def report_path(self) -> Path:
-        return report_path(self.out_dir)
-
-    def record(
-        self,
-        case: str,
-        method: str,
-        metric: str,
-        value: float,
-        unit: str = "",
-        note: str = "",
-    ) -> float:
-        """One number of the report (returned, so it can be formatted where it is used)."""
-        self.records.append(
-            {
-                "experiment": self.name,
-                "case": case,
-                "method": method,
-                "metric": metric,
-                "value": value,
-                "unit": unit,
-                "note": note,
-            }
-        )
+    def record(self, case: str, method: str, metric: str, value: float, unit: str = "",
+               note: str = "") -> float:  # fmt: skip
+        """One number of the report (returned, to be formatted where it is used)."""
+        values = (self.name, case, method, metric, value, unit, note)
+        self.records.append(dict(zip(CSV_FIELDS, values, strict=True)))
         return value
 
-    def record_many(
-        self, case: str, method: str, values: list[tuple[str, float, str]], note: str = ""
-    ) -> None:
-        """Several ``(metric, value, unit)`` numbers of one case and method."""
+    def record_many(self, case: str, method: str, values, note: str = "") -> None:
+        """``(metric, value, unit)`` numbers of one case and method."""
         for metric, value, unit in values:
             self.record(case, method, metric, value, unit, note)
 
-
-def fit_cost(steps: float, grads: float, seconds: float, first_call: float) -> list:
-    """The cost rows every fit reports: steps, gradient evaluations, stepping and
-    first-call (compilation) wall time."""
-    return [
-        ("steps", steps, "steps"),
-        ("grad_evals", grads, "gradients"),
-        ("seconds", seconds, "s"),
-        ("first_call_seconds", first_call, "s"),
-    ]
+    def text(self, key: str, **values: Any) -> str:
+        """The prose template ``@@ key`` of ``prose.md``, its paragraphs joined, formatted."""
+        blocks = re.split(r"^@@ (\S+)( verbatim)?\n", _PROSE.read_text(), flags=re.M)[1:]
+        found = {k: (v, raw) for k, raw, v in zip(*[iter(blocks)] * 3, strict=True)}
+        text, raw = found[key]
+        text = text.strip() if raw else re.sub(r"(?<!\n)\n(?!\n)", " ", text.strip())
+        return text.format(**values)
 
 
 def report_path(out_dir: Path) -> Path:
     """``docs/benchmarks.md`` for the published run, ``report.md`` inside any other folder."""
-    if out_dir.resolve() == DOCS_DIR.resolve():
-        return DOCS_DIR.parent / "benchmarks.md"
-    return out_dir / "report.md"
-
-
-def blas_threads() -> str:
-    """The thread counts of the loaded BLAS libraries, e.g. ``"1"`` or ``"1, 2"``."""
-    from threadpoolctl import threadpool_info
-
-    counts = sorted({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
-    return ", ".join(map(str, counts)) or "?"
+    published = out_dir.resolve() == DOCS_DIR.resolve()
+    return DOCS_DIR.parent / "benchmarks.md" if published else out_dir / "report.md"
 
 
 def machine() -> str:
@@ -144,51 +100,49 @@ def machine() -> str:
     import pymc
     import pytensor
 
+    from threadpoolctl import threadpool_info
+
     import pymc_gpf
 
     cpu = platform.processor() or platform.machine()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next((x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), cpu)
     except OSError:
         pass
+    threads = sorted({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
     return (
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on {platform.node()} "
         f"({cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}); "
         f"Python {platform.python_version()}, pymc-gpf {pymc_gpf.__version__}, PyMC "
         f"{pymc.__version__}, PyTensor {pytensor.__version__}, ArviZ {arviz.__version__}, "
-        f"NumPy {numpy.__version__}; BLAS threads {blas_threads()}"
+        f"NumPy {numpy.__version__}; BLAS threads {', '.join(map(str, threads)) or '?'}"
     )
 
 
-def run_experiment(
-    name: str, quick: bool, out_dir: Path, backend: str | None = None, device: str = "cpu"
-) -> None:
-    """Run one experiment and write its fragment (``sections/NAME.md`` and ``NAME.csv``)."""
-    from benchmarks import common
+def run_experiment(name: str, quick: bool, out_dir: Path, backend: str | None = None,
+                   device: str = "cpu") -> None:  # fmt: skip
+    """Run one section and write its fragment (``sections/NAME.md`` and ``NAME.csv``)."""
+    from benchmarks import harness
 
-    module = importlib.import_module(f"benchmarks.{EXPERIMENTS[name]}")
+    title, run = importlib.import_module(f"benchmarks.{EXPERIMENTS[name]}").SECTIONS[name]
     ctx = Context(name, quick, out_dir, backend, device)
-    common.set_backend(backend)
-    print(f"== {name}: {module.TITLE}", flush=True)
-    load_before = os.getloadavg()[0]
-    start = time.perf_counter()
-    body = module.run(ctx)
+    harness.set_backend(backend)
+    print(f"== {name}: {title}", flush=True)
+    load_before, start = os.getloadavg()[0], time.perf_counter()
+    body = run(ctx)
     seconds = time.perf_counter() - start
-    load = f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     options = (" --quick" if quick else "") + (f" --backend {backend}" if backend else "")
     stamp = (
-        f"*Measured {machine()}; PyTensor backend of the fits: {common.backend_name(backend)}; "
+        f"*Measured {machine()}; PyTensor backend of the fits: {harness.backend_name(backend)}; "
         f"this section of `python -m benchmarks run{options}` took {seconds / 60:.1f} min; "
-        f"1-minute load average {load} ({os.cpu_count()} cores; the run itself adds about 1, "
-        "the rest is other processes sharing the machine).*"
+        f"1-minute load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the "
+        f"end ({os.cpu_count()} cores; the run itself adds about 1, the rest is other processes "
+        "sharing the machine).*"
     )
-    sections = out_dir / "sections"
-    sections.mkdir(parents=True, exist_ok=True)
-    (sections / f"{name}.md").write_text(f"## {module.TITLE}\n\n{stamp}\n\n{body.strip()}\n")
-    with open(sections / f"{name}.csv", "w", newline="") as fh:
+    (out_dir / "sections").mkdir(parents=True, exist_ok=True)
+    (out_dir / "sections" / f"{name}.md").write_text(f"## {title}\n\n{stamp}\n\n{body.strip()}\n")
+    with open(out_dir / "sections" / f"{name}.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, CSV_FIELDS)
         writer.writeheader()
         writer.writerows(ctx.records)
@@ -207,8 +161,7 @@ experiment, case, method, metric, value, unit). Nothing here is typed in by hand
 
 def assemble(out_dir: Path) -> Path:
     """Rebuild the report and the joined CSV from the fragments in ``out_dir``."""
-    report = report_path(out_dir)
-    sections = out_dir / "sections"
+    report, sections = report_path(out_dir), out_dir / "sections"
     names = [n for n in EXPERIMENTS if (sections / f"{n}.md").exists()]
     joined = io.StringIO()
     writer = csv.DictWriter(joined, CSV_FIELDS)

@@ -248,7 +248,7 @@ def test_logistic_regression_bound_rises_with_particles():
     """The WVGD paper's §10.2 set-up on scikit-learn's iris (setosa vs rest, standardised,
     N(0, 1) priors), n = 50 random points, two subsets: more particles give a higher bound
     on every subset (measured gains J = 1 -> 3: 0.17 to 0.21, each bound's se ~0.01). The
-    full table (three datasets, J = 1..5, 20 subsets) is benchmarks/wvgd_logistic.py."""
+    full table (three datasets, J = 1..5) is the benchmarks' wvgd section."""
     datasets = pytest.importorskip("sklearn.datasets")
     data = datasets.load_iris()
     x = (data.data - data.data.mean(0)) / data.data.std(0)

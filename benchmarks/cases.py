@@ -1,0 +1,543 @@
+"""The case registry: data, PyMC models and their references (``benchmarks/data/README.md``).
+
+- Classification data shipped with scikit-learn or ``examples/data`` (no download at run time),
+  logistic regression and a Bayesian neural network, predictive metrics.
+- :func:`reference_cases`: posteriordb reference draws and inference-gym's German credit
+  (the Stan models translated with their priors and parameterisation).
+- :data:`HARD`: synthetic posteriors the defaults were never tuned on, each with a long NUTS
+  reference cached in ``benchmarks/data/hard/`` (``python -m benchmarks.cases [--recompute]``).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import itertools
+import json
+import time
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path(__file__).resolve().parent / "data"
+GERMAN_DIR = DATA.parent.parent / "examples" / "data"
+MAX_STEPS = 1_000_000  # step cap of the time-budgeted fits (the trace is preallocated)
+
+
+# ----------------------------------------------------------------- classification data
+def standardise(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
+    """Centred and scaled by the training columns' mean and sd (constant columns unscaled)."""
+    mean, sd = train.mean(axis=0), train.std(axis=0)
+    return [(a - mean) / np.where(sd > 0, sd, 1.0) for a in (train, *others)]
+
+
+def german_credit() -> tuple[np.ndarray, np.ndarray]:
+    raw = np.loadtxt(GERMAN_DIR / "german.data-numeric")
+    return raw[:, :24], (raw[:, 24] == 2).astype(np.int64)
+
+
+def binary_dataset(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``iris`` (setosa vs rest), ``diabetes`` (above its median), ``breast_cancer``
+    (benign), ``german_credit`` (bad credit)."""
+    from sklearn import datasets
+
+    if name == "german_credit":
+        return german_credit()
+    data = getattr(datasets, f"load_{name}")()
+    labels = {"iris": data.target == 0, "breast_cancer": data.target == 1}
+    return data.data, labels.get(name, data.target > np.median(data.target)).astype(np.int64)
+
+
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn import datasets
+
+    data = datasets.load_digits()
+    return data.data / 16.0, data.target.astype(np.int64)
+
+
+def random_splits(n: int, test_fraction: float, n_splits: int, seed: int) -> list:
+    """``n_splits`` (train, test) index pairs of equal sizes (one compiled graph serves all)."""
+    rng, n_test = np.random.default_rng(seed), round(n * test_fraction)
+    orders = [rng.permutation(n) for _ in range(n_splits)]
+    return [(np.sort(o[n_test:]), np.sort(o[:n_test])) for o in orders]
+
+
+def logistic_model(x, y, prior_sd: float, *, intercept: bool = True, as_data: bool = True):
+    """``y ~ Bernoulli(logit = x w + b)``, ``w, b ~ N(0, prior_sd)``; ``x``, ``y`` are
+    ``pm.Data`` (``pm.set_data`` swaps in another split) unless ``as_data=False``."""
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    with pm.Model() as model:
+        x_data, y_data = (pm.Data("x", x), pm.Data("y", y)) if as_data else (pt.as_tensor(x), y)
+        logit = x_data @ pm.Normal("w", 0.0, prior_sd, shape=x.shape[1])
+        if intercept:
+            logit = logit + pm.Normal("b", 0.0, prior_sd)
+        pm.Bernoulli("obs", logit_p=logit, observed=y_data)
+    return model
+
+
+def logistic_probabilities(draws: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """``p(y = 1 | x)`` averaged over draws ``{"w": (S, P), "b": (S,)}``."""
+    return np.mean(1.0 / (1.0 + np.exp(-(draws["w"] @ x.T + draws["b"][:, None]))), axis=0)
+
+
+@dataclass(frozen=True)
+class BNN:
+    """A network ``inputs -> hidden... (tanh) -> classes (softmax)``."""
+
+    inputs: int
+    hidden: tuple[int, ...]
+    classes: int
+
+    widths = property(lambda self: [self.inputs, *self.hidden, self.classes])
+    n_weights = property(lambda self: sum((a + 1) * b for a, b in itertools.pairwise(self.widths)))
+    name = property(lambda self: "–".join(map(str, self.widths)))
+
+    def model(self, x, y, prior_sd: float = 1.0, batch_size: int | None = None):
+        """``N(0, prior_sd)`` weights ``W{l}`` and biases ``b{l}``; a categorical likelihood
+        written with elementwise Ops (PyMC's ``Categorical`` indexes with ``arange``, which
+        cannot be batched over particles); ``batch_size``: a ``pm.Minibatch`` of the rows."""
+        import pymc as pm
+        import pytensor.tensor as pt
+
+        onehot = np.eye(self.classes)[y]
+        with pm.Model() as model:
+            if batch_size is None:
+                h, observed, total = pt.as_tensor(x), onehot, None
+            else:
+                (h, observed), total = pm.Minibatch(x, onehot, batch_size=batch_size), len(y)
+            for layer, (a, b) in enumerate(itertools.pairwise(self.widths)):
+                h = h @ pm.Normal(f"W{layer}", 0.0, prior_sd, shape=(a, b))
+                h = h + pm.Normal(f"b{layer}", 0.0, prior_sd, shape=b)
+                h = pt.tanh(h) if layer < len(self.widths) - 2 else h
+
+            def logp(value, logits):
+                return pt.sum(value * (logits - pt.logsumexp(logits, -1, keepdims=True)), -1)
+
+            pm.CustomDist("obs", h, logp=logp, signature="(k)->(k)", observed=observed,
+                          total_size=total)  # fmt: skip
+        return model
+
+    def probabilities(self, weights: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+        """Class probabilities ``(n, classes)`` averaged over draws of the weights."""
+        h = np.broadcast_to(x, (len(weights["W0"]), *x.shape))
+        layers = len(self.widths) - 1
+        for layer in range(layers):
+            h = h @ weights[f"W{layer}"] + weights[f"b{layer}"][:, None, :]
+            h = np.tanh(h) if layer < layers - 1 else h
+        probs = np.exp(h - h.max(axis=-1, keepdims=True))
+        return (probs / probs.sum(axis=-1, keepdims=True)).mean(axis=0)
+
+
+def reliability(probs: np.ndarray, y: np.ndarray, bins: int = 10):
+    """Per equal-width confidence bin: mean confidence, accuracy and count."""
+    confidence, correct = probs.max(axis=1), (probs.argmax(axis=1) == y).astype(float)
+    which = np.clip((confidence * bins).astype(int), 0, bins - 1)
+    count = np.bincount(which, minlength=bins)
+    safe = np.maximum(count, 1)
+    mean_conf = np.bincount(which, confidence, minlength=bins) / safe
+    return mean_conf, np.bincount(which, correct, minlength=bins) / safe, count
+
+
+def classification_metrics(probs: np.ndarray, y: np.ndarray, bins: int = 10) -> dict[str, float]:
+    """Test NLL (nats per point), accuracy and expected calibration error (Guo et al. 2017)."""
+    probs = np.asarray(probs)
+    if probs.ndim == 1:
+        probs = np.stack([1.0 - probs, probs], axis=1)
+    p_true = probs[np.arange(len(y)), y]
+    mean_conf, accuracy, count = reliability(probs, y, bins)
+    return {
+        "nll": float(-np.mean(np.log(np.clip(p_true, 1e-300, None)))),
+        "accuracy": float(np.mean(probs.argmax(axis=1) == y)),
+        "ece": float(np.sum(count * np.abs(accuracy - mean_conf)) / count.sum()),
+    }
+
+
+def sliced_wasserstein(a, b, n_projections: int = 200, seed: int = 0, levels: int = 1000) -> float:
+    """Sliced 2-Wasserstein distance of samples ``a (n, P)`` and ``b (m, P)``: root mean over
+    random directions of the squared W2 of the projections, from ``levels`` quantiles."""
+    directions = np.random.default_rng(seed).standard_normal((a.shape[1], n_projections))
+    directions /= np.linalg.norm(directions, axis=0)
+    u = (np.arange(levels) + 0.5) / levels
+    qa, qb = np.quantile(a @ directions, u, axis=0), np.quantile(b @ directions, u, axis=0)
+    return float(np.sqrt(np.mean((qa - qb) ** 2)))
+
+
+# ---------------------------------------------------------------- reference posteriors
+@dataclass
+class ReferenceCase:
+    """A posterior with outside ground truth: model, reference parameters (where each sits in
+    the model's constrained variables), their means, sds and, where known, draws ``(n, P)``."""
+
+    name: str
+    title: str
+    source: str
+    build: Callable[[], object]
+    parameters: list[str]
+    locations: list[tuple[str, int]]  # (model variable, flat index) per parameter
+    ref_mean: np.ndarray
+    ref_sd: np.ndarray
+    ref_draws: np.ndarray | None = None
+    notes: str = ""
+    _model: object = field(default=None, repr=False)
+
+    @property
+    def model(self):
+        if self._model is None:
+            self._model = self.build()
+        return self._model
+
+    def columns(self, values: dict[str, np.ndarray]) -> np.ndarray:
+        """Constrained draws ``{name: (S, *shape)}`` as the reference columns ``(S, P)``."""
+        n = len(next(iter(values.values())))
+        flat = {k: np.asarray(v).reshape(n, -1) for k, v in values.items()}
+        return np.stack([flat[var][:, i] for var, i in self.locations], axis=1)
+
+
+def _reference(folder: Path, base: int = 1, draws: bool = True) -> dict:
+    with open(folder / "reference_mean_sd.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    names = [r["parameter"] for r in rows]
+    # "beta[3]" -> ("beta", 2) (Stan is 1-based); "sigma" -> ("sigma", 0); "w[24]_intercept"
+    locations = [(n.split("[")[0], int(n.split("[")[1].split("]")[0]) - base) if "[" in n
+                 else (n, 0) for n in names]  # fmt: skip
+    out = {"parameters": names, "locations": locations,
+           "ref_mean": np.array([float(r["mean"]) for r in rows]),
+           "ref_sd": np.array([float(r["sd"]) for r in rows])}  # fmt: skip
+    if draws:
+        with gzip.open(folder / "reference_draws.csv.gz", "rt") as fh:
+            header = fh.readline().strip().split(",")
+            out["ref_draws"] = np.loadtxt(fh, delimiter=",")[:, [header.index(n) for n in names]]
+    return out
+
+
+def _eight_schools(data: dict):
+    import pymc as pm
+
+    with pm.Model() as model:
+        theta_trans = pm.Normal("theta_trans", 0.0, 1.0, shape=data["J"])
+        mu, tau = pm.Normal("mu", 0.0, 5.0), pm.HalfCauchy("tau", 5.0)
+        theta = pm.Deterministic("theta", mu + tau * theta_trans)
+        pm.Normal("y", theta, np.array(data["sigma"], float), observed=np.array(data["y"], float))
+    return model
+
+
+def _ark(data: dict):
+    import pymc as pm
+
+    y, k = np.array(data["y"], float), int(data["K"])
+    lags = np.stack([y[k - j : len(y) - j] for j in range(1, k + 1)], axis=1)  # y[t - j]
+    with pm.Model() as model:
+        alpha, beta = pm.Normal("alpha", 0.0, 10.0), pm.Normal("beta", 0.0, 10.0, shape=k)
+        pm.Normal("y", alpha + lags @ beta, pm.HalfCauchy("sigma", 2.5), observed=y[k:])
+    return model
+
+
+def _flat_regression(x: np.ndarray, name: str, y: np.ndarray):
+    import pymc as pm
+
+    with pm.Model() as model:
+        beta, sigma = pm.Flat("beta", shape=x.shape[1]), pm.HalfFlat("sigma")
+        pm.Normal(name, x @ beta, sigma, observed=y)
+    return model
+
+
+def _nes(data: dict):
+    age = np.array(data["age_discrete"])
+    x = np.column_stack([np.ones(len(age)), data["real_ideo"], data["race_adj"], age == 2,
+                         age == 3, age == 4, data["educ1"], data["gender"],
+                         data["income"]])  # fmt: skip
+    return _flat_regression(x.astype(float), "partyid7", np.array(data["partyid7"], float))
+
+
+def _blr(data: dict):
+    import pymc as pm
+
+    x, y = np.array(data["X"], float), np.array(data["y"], float)
+    with pm.Model() as model:
+        beta = pm.Normal("beta", 0.0, 10.0, shape=x.shape[1])
+        pm.Normal("y", x @ beta, pm.HalfNormal("sigma", 10.0), observed=y)
+    return model
+
+
+def _logmesquite(data: dict):
+    keys = ("diam1", "diam2", "canopy_height", "total_height", "density")
+    x = np.column_stack([np.ones(data["N"]), *(np.log(np.array(data[k], float)) for k in keys),
+                         np.array(data["group"], float)])  # fmt: skip
+    return _flat_regression(x, "log_weight", np.log(np.array(data["weight"], float)))
+
+
+def german_credit_reference_model():
+    """inference-gym's target: standardised features and a constant-1 column, ``w ~ N(0, 1)``."""
+    import pymc as pm
+
+    x, y = german_credit()
+    x = np.hstack([(x - x.mean(axis=0)) / x.std(axis=0), np.ones((len(x), 1))])
+    with pm.Model() as model:
+        pm.Bernoulli("bad_credit", logit_p=x @ pm.Normal("w", 0.0, 1.0, shape=25), observed=y)
+    return model
+
+
+POSTERIORDB = {  # folder: (builder, short description)
+    "eight_schools-eight_schools_noncentered": (
+        _eight_schools, "hierarchical, non-centred; funnel in tau; theta derived"),
+    "arK-arK": (_ark, "AR(5) time series"),
+    "nes2000-nes": (_nes, "linear regression, improper flat priors"),
+    "sblrc-blr": (_blr, "linear regression, correlated betas with sd ≈ 1e-3"),
+    "mesquite-logmesquite": (_logmesquite, "log-log regression, improper flat priors"),
+}  # fmt: skip
+
+
+def posteriordb_case(folder: str) -> ReferenceCase:
+    path, (builder, notes) = DATA / "posteriordb" / folder, POSTERIORDB[folder]
+    data = json.loads((path / "data.json").read_text())
+    return ReferenceCase(folder, folder, "posteriordb (Stan NUTS, 10 000 draws)",
+                         lambda: builder(data), notes=notes, **_reference(path))  # fmt: skip
+
+
+def reference_cases() -> list[ReferenceCase]:
+    """Every posterior with outside ground truth shipped in the repository."""
+    german = ReferenceCase(
+        "german_credit", "german_credit (inference-gym)",
+        "inference-gym (Stan; means and sds only)", german_credit_reference_model,
+        notes="logistic regression on 1000 rows",
+        **_reference(GERMAN_DIR, base=0, draws=False),
+    )  # fmt: skip
+    return [posteriordb_case(f) for f in POSTERIORDB] + [german]
+
+
+# ------------------------------------------------------------------------ hard posteriors
+def unscaled_interaction():
+    """A kid-score-like regression: IQ-like predictor in the hundreds, 0/1 and interaction."""
+    import pymc as pm
+
+    rng = np.random.default_rng(101)
+    iq, hs = rng.normal(100.0, 15.0, 434), (rng.random(434) < 0.79).astype(float)
+    y = -11.5 + 51.3 * hs + 0.97 * iq - 0.48 * hs * iq + rng.normal(0.0, 18.0, 434)
+    with pm.Model() as model:
+        beta, sigma = pm.Flat("beta", shape=4), pm.HalfCauchy("sigma", 2.5)
+        pm.Normal("y", beta[0] + beta[1] * hs + beta[2] * iq + beta[3] * hs * iq, sigma, observed=y)
+    return model
+
+
+def unscaled_earnings():
+    """Earnings in dollars on height in inches and a 0/1 indicator: scales from 1 to 1e4."""
+    import pymc as pm
+
+    rng = np.random.default_rng(202)
+    male = (rng.random(1059) < 0.4).astype(float)
+    height = rng.normal(64.5 + 5.0 * male, 3.0, 1059)
+    earn = -60_000.0 + 1_300.0 * height + 10_000.0 * male + rng.normal(0.0, 19_000.0, 1059)
+    with pm.Model() as model:
+        beta, sigma = pm.Normal("beta", 0.0, 1e5, shape=3), pm.HalfNormal("sigma", 1e5)
+        pm.Normal("earn", beta[0] + beta[1] * height + beta[2] * male, sigma, observed=earn)
+    return model
+
+
+def radon_centred():
+    """85 counties of 1 to ~100 houses, a floor effect, centred county intercepts."""
+    import pymc as pm
+
+    rng = np.random.default_rng(303)
+    sizes = np.maximum(1, np.round(rng.lognormal(1.9, 1.0, 85))).astype(int)
+    county = np.repeat(np.arange(85), sizes)
+    floor = (rng.random(len(county)) < 0.17).astype(float)
+    y = rng.normal(1.5, 0.33, 85)[county] - 0.66 * floor + rng.normal(0.0, 0.73, len(county))
+    with pm.Model() as model:
+        mu_a, sigma_a = pm.Normal("mu_a", 0.0, 10.0), pm.HalfNormal("sigma_a", 1.0)
+        a_j = pm.Normal("a", mu_a, sigma_a, shape=85)
+        b, sigma_y = pm.Normal("b", 0.0, 10.0), pm.HalfNormal("sigma_y", 1.0)
+        pm.Normal("y", a_j[county] + b * floor, sigma_y, observed=y)
+    return model
+
+
+def gp_poisson():
+    """A latent squared-exponential GP (length-scale, amplitude learnt), Poisson counts."""
+    import pymc as pm
+
+    rng = np.random.default_rng(404)
+    x = np.sort(rng.uniform(0.0, 10.0, 30))
+    counts = rng.poisson(np.exp(1.0 + np.sin(x) * 0.9))
+    with pm.Model() as model:
+        ell, eta = pm.InverseGamma("ell", 5.0, 5.0), pm.HalfNormal("eta", 1.5)
+        mean = pm.Normal("mean", 0.0, 2.0)
+        latent = pm.gp.Latent(cov_func=eta**2 * pm.gp.cov.ExpQuad(1, ell)).prior("f", X=x[:, None])
+        pm.Poisson("counts", pm.math.exp(mean + latent), observed=counts)
+    return model
+
+
+def garch11():
+    """GARCH(1,1), T = 300: σ²_t = ω + α r²_{t−1} + β σ²_{t−1}."""
+    import pymc as pm
+    import pytensor
+    import pytensor.tensor as pt
+
+    rng, r = np.random.default_rng(505), np.zeros(300)
+    var = 0.1 / (1 - 0.15 - 0.75)
+    for i in range(300):
+        r[i] = np.sqrt(var) * rng.standard_normal()
+        var = 0.1 + 0.15 * r[i] ** 2 + 0.75 * var
+    with pm.Model() as model:
+        mu, omega = pm.Normal("mu", 0.0, 1.0), pm.HalfNormal("omega", 1.0)
+        alpha = pm.Uniform("alpha", 0.0, 1.0)
+        beta = pm.Uniform("beta", 0.0, 1.0 - alpha)
+        start = omega / (1.0 - alpha - beta)
+        var = pytensor.scan(
+            lambda r_prev, var_prev, om, al, be, m: om + al * (r_prev - m) ** 2 + be * var_prev,
+            sequences=[pt.as_tensor(r)[:-1]], outputs_info=[start],
+            non_sequences=[omega, alpha, beta, mu], return_updates=False,
+        )  # fmt: skip
+        pm.Normal("r", mu, pt.sqrt(pt.concatenate([[start], var])), observed=r)
+    return model
+
+
+def arma11():
+    """ARMA(1,1), T = 200: y_t = μ + φ y_{t−1} + θ e_{t−1} + e_t (posteriordb's form)."""
+    import pymc as pm
+    import pytensor
+    import pytensor.tensor as pt
+
+    rng, y = np.random.default_rng(606), np.zeros(200)
+    err_prev, y_prev = 0.0, 0.5 / (1 - 0.7)
+    for i in range(200):
+        e = rng.standard_normal()
+        y[i] = 0.5 + 0.7 * y_prev + 0.3 * err_prev + e
+        err_prev, y_prev = e, y[i]
+    with pm.Model() as model:
+        mu, phi = pm.Normal("mu", 0.0, 10.0), pm.Normal("phi", 0.0, 2.0)
+        theta, sigma = pm.Normal("theta", 0.0, 2.0), pm.HalfCauchy("sigma", 2.5)
+        obs = pt.as_tensor(y)
+        first = obs[0] - (mu + phi * mu)
+        rest = pytensor.scan(
+            lambda y_t, y_prev, err_prev, m, ph, th: y_t - (m + ph * y_prev + th * err_prev),
+            sequences=[obs[1:], obs[:-1]], outputs_info=[first], non_sequences=[mu, phi, theta],
+            return_updates=False,
+        )  # fmt: skip
+        errors = pt.concatenate([[first], rest])  # a unit-Jacobian function of y
+        pm.Potential("likelihood", pm.logp(pm.Normal.dist(0.0, sigma), errors).sum())
+    return model
+
+
+def mixture():
+    """Two-component 1-D normal mixture, ordered means; the minor component 30 %."""
+    import pymc as pm
+
+    rng = np.random.default_rng(707)
+    minor = rng.random(200) < 0.3
+    y = np.where(minor, rng.normal(-1.5, 0.8, 200), rng.normal(2.0, 1.0, 200))
+    with pm.Model() as model:
+        w = pm.Dirichlet("w", np.ones(2))
+        mu = pm.Normal("mu", 0.0, 5.0, shape=2, transform=pm.distributions.transforms.ordered,
+                       initval=np.array([-1.0, 1.0]))  # fmt: skip
+        pm.NormalMixture("y", w, mu, pm.HalfNormal("sigma", 2.0, shape=2), observed=y)
+    return model
+
+
+def random_walks():
+    """Three Gaussian random walks of length 100 observed with noise: D = 304."""
+    import pymc as pm
+
+    rng = np.random.default_rng(808)
+    walks = np.cumsum(rng.normal(0.0, np.array([0.1, 0.3, 0.2]), (100, 3)), axis=0)
+    y = walks + rng.normal(0.0, 0.5, (100, 3))
+    with pm.Model() as model:
+        sigma = pm.HalfNormal("sigma", 0.5, shape=3)
+        walk = pm.GaussianRandomWalk("walk", sigma=sigma, init_dist=pm.Normal.dist(0.0, 1.0),
+                                     shape=(3, 100))  # fmt: skip
+        pm.Normal("y", walk.T, pm.HalfNormal("obs_sd", 1.0), observed=y)
+    return model
+
+
+@dataclass(frozen=True)
+class HardCase:
+    name: str
+    description: str
+    build: Callable[[], object]
+    parameters: tuple[str, ...]  # the free variables compared
+    target_accept: float = 0.9
+    optimum_draws: int = 2**14  # the Gaussian-VI optimum's: fewer where log p runs a scan
+
+
+HARD = {c.name: c for c in (
+    HardCase("unscaled_interaction", "regression, predictors in the hundreds and 0/1 with their "
+             "interaction, flat priors", unscaled_interaction, ("beta", "sigma")),
+    HardCase("unscaled_earnings", "regression, dollars on inches: parameter scales from 1 to 1e4",
+             unscaled_earnings, ("beta", "sigma")),
+    HardCase("radon_centred", "centred hierarchical, 85 groups of 1 to ~100 observations",
+             radon_centred, ("mu_a", "sigma_a", "a", "b", "sigma_y"), 0.95, 2**12),
+    HardCase("gp_poisson", "latent GP (length-scale, amplitude learnt), Poisson counts, D = 33",
+             gp_poisson, ("ell", "eta", "mean", "f"), 0.95, 2**12),
+    HardCase("garch11", "GARCH(1,1), T = 300", garch11, ("mu", "omega", "alpha", "beta"),
+             optimum_draws=2**11),
+    HardCase("arma11", "ARMA(1,1), T = 200", arma11, ("mu", "phi", "theta", "sigma"),
+             optimum_draws=2**11),
+    HardCase("mixture", "two-component 1-D mixture, ordered means", mixture, ("w", "mu", "sigma")),
+    HardCase("random_walks", "three Gaussian random walks of 100 steps observed with noise, "
+             "D = 304", random_walks, ("sigma", "walk", "obs_sd"), optimum_draws=2**12),
+)}  # fmt: skip
+
+
+def flatten(draws: dict[str, np.ndarray], parameters) -> tuple[list[str], np.ndarray]:
+    """``(labels, (S, P))``: every scalar of ``parameters`` from ``{name: (S, *shape)}``."""
+    labels, columns = [], []
+    for name in parameters:
+        values = np.asarray(draws[name], dtype=float)
+        shape = values.shape[1:]
+        for k, column in enumerate(values.reshape(len(values), -1).T):
+            labels.append(name + "".join(f"[{i}]" for i in np.unravel_index(k, shape)))
+            columns.append(column)
+    return labels, np.column_stack(columns)
+
+
+def hard_reference(name: str, recompute: bool = False) -> dict:
+    """The cached long NUTS reference of a hard case: ``labels``, ``mean``, ``sd``, ``info``
+    (nutpie, 4 × (2000 + 5000), computed on first use) and, with nutpie, ``flat`` moments in
+    ``BatchedTarget``'s unconstrained coordinates (the Gaussian optimum's start)."""
+    path = DATA / "hard" / f"{name}.json"
+    if recompute or not path.exists():
+        _recompute(HARD[name], path)
+    out = json.loads(path.read_text())
+    if path.with_name(f"{name}_flat.npz").exists():
+        with np.load(path.with_name(f"{name}_flat.npz")) as data:
+            out["flat"] = data["mean"], data["cov"]
+    return out
+
+
+def _recompute(case: HardCase, path: Path) -> None:
+    import arviz_stats  # noqa: F401  (the .azstats accessor)
+    import nutpie
+
+    import pymc_gpf
+
+    model, start = case.build(), time.perf_counter()
+    idata = nutpie.sample(nutpie.compile_pymc_model(model), draws=5000, tune=2000, chains=4,
+                          cores=1, seed=20261124, progress_bar=False, store_unconstrained=True,
+                          target_accept=case.target_accept)  # fmt: skip
+    post, raw = idata.posterior, idata.sample_stats["unconstrained_draw"].values
+    draws = {k: post[k].values.reshape(-1, *post[k].shape[2:]) for k in case.parameters}
+    flat = raw.reshape(-1, raw.shape[-1])
+    labels, columns = flatten(draws, case.parameters)
+    info = {"sampler": "nutpie", "chains": 4, "draws": 5000, "tune": 2000,
+            "target_accept": case.target_accept, "seconds": round(time.perf_counter() - start, 1),
+            "max_rhat": round(max(float(post[k].azstats.rhat().max()) for k in case.parameters), 4),
+            "min_ess": round(min(float(post[k].azstats.ess().min()) for k in case.parameters), 1),
+            "divergences": int(idata.sample_stats["diverging"].sum())}  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    values = pymc_gpf.BatchedTarget(model).compile_constrained()(flat[:50])
+    if all(np.allclose(values[k], draws[k][:50], atol=1e-8) for k in case.parameters):
+        np.savez_compressed(path.with_name(f"{case.name}_flat.npz"), mean=flat.mean(0),
+                            cov=np.cov(flat, rowvar=False))  # fmt: skip
+    payload = {"labels": labels, "mean": columns.mean(0).tolist(),
+               "sd": columns.std(0, ddof=1).tolist(), "info": info}  # fmt: skip
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    import sys
+
+    for name in [a for a in sys.argv[1:] if not a.startswith("--")] or list(HARD):
+        print(name, hard_reference(name, recompute="--recompute" in sys.argv)["info"])

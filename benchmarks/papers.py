@@ -1,0 +1,464 @@
+"""The papers' real-data experiments: logistic regression (GPF paper Fig. 6), a Bayesian neural
+network on digits (Table 1), and WVGD's Lloyd–Max check and evidence bound (WVGD paper §10.2).
+
+Every method gets the same wall-clock budget of stepping (compilation excluded) and its test
+metrics are read along the fit (:func:`harness.fit_method`).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from benchmarks import cases, harness
+from benchmarks.harness import Method, fmt, md_table
+
+ADAM = {"optimizer": "adam", "learning_rate": 1e-2}
+RMS = {"optimizer": "rmsprop", "learning_rate": 1e-2}
+DIAGONAL = {"structure": "diagonal", "natural_mean": True}
+
+
+def fit_budgeted(method: Method, model, target, metrics, seed: int, budget: float, per_decade: int,
+                 draws: int, final_draws: int, final_seed: int) -> harness.FitRun:  # fmt: skip
+    """``method`` for ``budget`` seconds of stepping, ``metrics(draws)`` along the fit and at
+    the end (``final``)."""
+
+    def check(approx) -> dict[str, float]:
+        return metrics(harness.split_flat(harness.flat_sample(approx, draws, seed), target))
+
+    run = harness.fit_method(method, model, cases.MAX_STEPS, seed + 1, check=check,
+                             check_at=harness.geometric_steps(cases.MAX_STEPS, per_decade),
+                             max_seconds=budget)  # fmt: skip
+    run.final = metrics(harness.split_flat(harness.flat_sample(run.approx, final_draws, final_seed),
+                                           target))  # fmt: skip
+    return run
+
+
+def cost(run: harness.FitRun) -> list[tuple[str, float, str]]:
+    return [("steps", run.steps, "steps"), ("grad_evals", run.grads, "gradients"),
+            ("seconds", run.seconds, "s"),
+            ("first_call_seconds", run.first_call_seconds, "s")]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------- logistic
+LOGISTIC_METHODS = [
+    Method("GPF diagonal (N = 11)", "gpf", {**DIAGONAL, "n_particles": 11}, ADAM),
+    Method("GF diagonal (S = 10)", "gf", DIAGONAL, ADAM),
+    Method("ADVI (default)", "advi"),
+    Method("ADVI (adam 0.01)", "advi", {}, harness.pymc_optimizer("adam", 1e-2)),
+    Method("GPF (N = 11, rank 10)", "gpf", {"n_particles": 11}, ADAM),
+    Method("GF rank 10 (S = 10)", "gf", {"rank": 10}, ADAM),
+    Method("FullRankADVI (default)", "fullrank_advi"),
+    Method("SVGD (default, 100 particles)", "svgd"),
+]
+
+
+def family(run: harness.FitRun) -> str:
+    diagonal = run.method.method == "advi" or run.method.inf_kwargs.get("structure") == "diagonal"
+    return "mean-field" if diagonal else "low-rank"
+
+
+def logistic(ctx) -> str:
+    import pymc as pm
+
+    import pymc_gpf
+
+    datasets = ctx.pick(("breast_cancer",), ("breast_cancer", "german_credit"))
+    n_splits, budget = ctx.pick(1, 3), ctx.pick(1.5, 5.0)
+    methods = harness.select(LOGISTIC_METHODS, ctx.pick(("GPF diagonal (N = 11)", "ADVI (default)"),
+                                                        None))  # fmt: skip
+    fits, nuts, parts = {}, {}, []
+    for name in datasets:
+        x, y = cases.binary_dataset(name)
+        splits = [[*cases.standardise(x[a], x[b]), y[a], y[b]]
+                  for a, b in cases.random_splits(len(y), 0.2, n_splits, 0)]  # fmt: skip
+        model = cases.logistic_model(splits[0][0], splits[0][2], float(np.sqrt(10.0)))
+        target = pymc_gpf.BatchedTarget(model)
+        fits[name], nuts[name] = [], []
+        for i, (x_train, x_test, y_train, y_test) in enumerate(splits):
+            pm.set_data({"x": x_train, "y": y_train}, model=model)
+
+            def metrics(draws, x_test=x_test, y_test=y_test) -> dict[str, float]:
+                probs = cases.logistic_probabilities(draws, x_test)
+                return {k: v for k, v in cases.classification_metrics(probs, y_test).items()
+                        if k != "ece"}  # fmt: skip
+
+            for method in methods:
+                print(f"   {name} split {i}: {method.label}", flush=True)
+                fits[name].append(fit_budgeted(method, model, target, metrics, i, budget, 8, 300,
+                                               2000, i))  # fmt: skip
+            if not ctx.quick:
+                print(f"   {name} split {i}: NUTS", flush=True)
+                run = harness.nuts(model, i + 1, 500, 500, compute_convergence_checks=False,
+                                   discard_tuned_samples=True)  # fmt: skip
+                draws = {"w": run.values["w"], "b": run.values["b"].ravel()}
+                nuts[name].append((*metrics(draws).values(), run.seconds))
+        reference = [n[0] for n in nuts[name]]
+        rows = []
+        for fit in fits[name]:
+            split = fit.seed - 1
+            note = f"split {split}" + (f"; {fit.failure}" if fit.failure else "")
+            metrics_ = [("test_nll", fit.final["nll"], "nats/point"),
+                        ("test_accuracy", fit.final["accuracy"], "fraction")]  # fmt: skip
+            ctx.record_many(name, fit.label, metrics_ + cost(fit), note)
+            if reference:
+                seconds = close(fit, reference[split])
+                ctx.record(name, fit.label, "seconds_to_nuts_nll", seconds, "s", note)
+            for row in fit.checks:
+                where = f"split {split}; step={row['step']} seconds={row['seconds']:.4g}"
+                ctx.record(name, fit.label, "curve_test_nll", row["nll"], "nats/point", where)
+        for split, (nll, acc, seconds) in enumerate(nuts[name]):
+            note = f"split {split}; 2 chains x 500 draws"
+            values = [("test_nll", nll, "nats/point"), ("test_accuracy", acc, "fraction"),
+                      ("seconds", seconds, "s")]  # fmt: skip
+            ctx.record_many(name, "NUTS", values, note)
+        for label in dict.fromkeys(f.label for f in fits[name]):
+            mine = [f for f in fits[name] if f.label == label]
+            nll = np.array([f.final["nll"] for f in mine])
+            times = [close(f, reference[f.seed - 1]) for f in mine] if reference else []
+            ok = np.isfinite(nll).any()
+            rows.append([
+                label, family(mine[0]), fmt(float(np.nanmedian(nll)) if ok else np.nan, 4),
+                f"{fmt(np.nanmin(nll), 4)}–{fmt(np.nanmax(nll), 4)}" if ok else "—",
+                fmt(float(np.nanmedian([f.final["accuracy"] for f in mine])), 3),
+                fmt(float(np.median([f.steps for f in mine])), 3),
+                fmt(float(np.median([f.grads for f in mine])), 3),
+                fmt(float(np.median([f.ms_per_step for f in mine])), 3),
+                f"{fmt(float(np.median(times)), 2)} ({sum(np.isfinite(times))}/{len(mine)})"
+                if reference else "—",
+                "; ".join(sorted({f.failure for f in mine if f.failure})),
+            ])  # fmt: skip
+        if reference:
+            rows.append(["NUTS (2 × 500 draws)", "exact", fmt(float(np.median(reference)), 4),
+                         f"{fmt(min(reference), 4)}–{fmt(max(reference), 4)}",
+                         fmt(float(np.median([n[1] for n in nuts[name]])), 3), "", "", "",
+                         f"{fmt(float(np.median([n[2] for n in nuts[name]])), 2)} (total)",
+                         ""])  # fmt: skip
+        parts += [f"### {name}",
+                  f"Medians over the splits; test NLL and accuracy after {budget:g} s.",
+                  md_table("method | family | test NLL (median) | range over splits | accuracy "
+                           "| steps | grad evals | ms / step | s to NUTS | failures",
+                           rows)]  # fmt: skip
+    setup = ctx.text("logistic", splits=n_splits, datasets=", ".join(datasets), budget=budget)
+    setup += "" if ctx.quick else " " + ctx.text("logistic_nuts")
+    return "\n\n".join([setup, logistic_figure(ctx, fits, nuts), *parts])
+
+
+def close(fit: harness.FitRun, reference: float) -> float:
+    """Seconds at the first check within 0.01 nats of NUTS's test NLL."""
+    return next((float(r["seconds"]) for r in fit.checks if r["nll"] <= reference + 0.01), np.inf)
+
+
+def logistic_figure(ctx, fits, nuts) -> str:
+    plt = harness.pyplot()
+    names = list(fits)
+    families = list(dict.fromkeys(family(f) for name in names for f in fits[name]))
+    fig, axes = plt.subplots(len(families), len(names), squeeze=False,
+                             figsize=(5 * len(names), 3.3 * len(families)))  # fmt: skip
+    for (row, kind), (col, name) in itertools.product(enumerate(families), enumerate(names)):
+        ax = axes[row, col]
+        for label in dict.fromkeys(f.label for f in fits[name] if family(f) == kind):
+            curves = [f.checks for f in fits[name] if f.label == label and f.checks]
+            n = min(len(c) for c in curves)
+            seconds = np.median([[r["seconds"] for r in c[:n]] for c in curves], axis=0)
+            nll = np.median([[r["nll"] for r in c[:n]] for c in curves], axis=0)
+            if (seconds > 0).any():
+                ax.plot(seconds[seconds > 0], nll[seconds > 0], "--" if "default" in label else "-",
+                        color=harness.colour(label), lw=1.4, label=label)  # fmt: skip
+        if nuts[name]:
+            reference = np.median([n[0] for n in nuts[name]])
+            ax.axhline(reference, color="k", lw=0.9, ls=":", label="NUTS")
+        ax.set(xscale="log", yscale="log", xlabel="wall time (s, compilation excluded)",
+               ylabel="test NLL (nats / point)", title=f"{name}: {kind}")  # fmt: skip
+        ax.legend(loc="upper right")
+    path, markdown = ctx.figure("test_nll")
+    harness.save_figure(fig, path)
+    return markdown
+
+
+# ------------------------------------------------------------------------------------ bnn
+BNN_METHODS = [
+    Method("GPF full (N = 11)", "gpf", {"n_particles": 11}, RMS),
+    Method("GPF variables (N = 11)", "gpf", {"n_particles": 11, "structure": "variables"}, RMS),
+    Method("GPF diagonal (N = 11)", "gpf", {"n_particles": 11, "structure": "diagonal"}, RMS),
+    Method("GF rank 5 (S = 10)", "gf", {"rank": 5}, RMS),
+    Method("GF rank 10 (S = 10)", "gf", {"rank": 10}, RMS),
+    Method("GF diagonal (S = 10)", "gf", {"structure": "diagonal"}, RMS),
+    Method("ADVI (default)", "advi"),
+    Method("ADVI (adam 0.01)", "advi", {}, harness.pymc_optimizer("adam", 1e-2)),
+    Method("SVGD (10 particles, adam 0.01)", "svgd", {"n_particles": 10},
+           harness.pymc_optimizer("adam", 1e-2)),
+    Method("Deep ensemble (defaults, N = 20; full batch)", "ensemble", {"kind": "deep"}),
+    Method("Langevin ensemble (defaults, N = 20; SGLD)", "ensemble"),
+    Method("Repulsive ensemble (defaults, N = 20; SGLD)", "ensemble", {"kind": "repulsive"}),
+]  # fmt: skip
+
+
+def bnn(ctx) -> str:
+    import pymc_gpf
+
+    x, y = cases.digits()
+    ((train, test),) = cases.random_splits(len(y), 0.2, 1, 0)
+    budget = ctx.pick(3.0, 15.0)
+    labels = ctx.pick(("GPF variables (N = 11)", "ADVI (adam 0.01)"), None)
+    fits, nets = {}, {}
+    for hidden in ctx.pick(((16,),), ((20,), (20, 20))):
+        net = nets[cases.BNN(x.shape[1], hidden, 10).name] = cases.BNN(x.shape[1], hidden, 10)
+        models = {True: net.model(x[train], y[train], 1.0, 128), False: None}
+        rng = np.random.default_rng(0)  # one random network starts every method (0 is a saddle)
+        start = {}
+        for layer, (a, b) in enumerate(itertools.pairwise(net.widths)):
+            start[f"W{layer}"] = rng.normal(0.0, 1.0 / np.sqrt(a), size=(a, b))
+            start[f"b{layer}"] = np.zeros(b)
+        fits[net.name] = []
+        for method in harness.select(BNN_METHODS, labels, start):
+            print(f"   {net.name}: {method.label}", flush=True)
+            # PyMC's SVGD refuses pm.Minibatch; a deep ensemble's line search needs all rows
+            batched = method.method != "svgd" and method.inf_kwargs.get("kind") != "deep"
+            if models[batched] is None:
+                models[batched] = net.model(x[train], y[train], 1.0)
+            target = pymc_gpf.BatchedTarget(models[batched])
+
+            def metrics(draws, net=net) -> dict:
+                probs = net.probabilities(draws, x[test])
+                return {**cases.classification_metrics(probs, y[test], 10), "probs": probs}
+
+            fit = fit_budgeted(method, models[batched], target, metrics, 0, budget, 6, 50, 500, 1)
+            for row in fit.checks:
+                del row["probs"]
+            fits[net.name].append(fit)
+            case = f"digits {net.name} (D = {net.n_weights})"
+            ctx.record_many(case, fit.label, [
+                ("test_nll", fit.final["nll"], "nats/point"),
+                ("test_accuracy", fit.final["accuracy"], "fraction"),
+                ("test_ece", fit.final["ece"], "fraction"), *cost(fit)],
+                fit.failure or "")  # fmt: skip
+            for row in fit.checks:
+                where = f"step={row['step']} seconds={row['seconds']:.4g}"
+                ctx.record(case, fit.label, "curve_test_nll", row["nll"], "nats/point", where)
+                accuracy = row["accuracy"]
+                ctx.record(case, fit.label, "curve_test_accuracy", accuracy, "fraction", where)
+    names = ", ".join(f"{a} (D = {net.n_weights})" for a, net in nets.items())
+    parts = [ctx.text("bnn", train=len(train), test=len(test), names=names, budget=budget,
+                      biggest=max(net.n_weights for net in nets.values()))]  # fmt: skip
+    for arch, chosen in fits.items():
+        rows = [[f.label, *(fmt(f.final[k], 3) for k in ("nll", "accuracy", "ece")),
+                 fmt(f.steps, 3), fmt(float(f.grads), 3), fmt(f.ms_per_step, 3),
+                 fmt(f.first_call_seconds, 2), f.failure or ""] for f in chosen]  # fmt: skip
+        parts += [f"### digits {arch}",
+                  f"Test metrics of q after {budget:g} s of stepping, and what the fit cost.",
+                  md_table("method | test NLL | accuracy | ECE | steps | grad evals | ms / step | "
+                           "first call (s) | note", rows)]  # fmt: skip
+    parts += [bnn_curves(ctx, fits),
+              "Test NLL and accuracy along the fit (50 draws of q per point).",
+              bnn_calibration(ctx, fits, y[test]),
+              "Reliability diagrams of the deepest network: accuracy per confidence bin (the "
+              "dotted diagonal is perfect calibration)."]  # fmt: skip
+    return "\n\n".join(parts)
+
+
+def bnn_curves(ctx, fits) -> str:
+    plt = harness.pyplot()
+    styles = {"full": "-", "rank 10": "-", "variables": "--", "rank 5": "--", "diagonal": ":"}
+    fig, axes = plt.subplots(2, len(fits), figsize=(5.2 * len(fits), 6.6), squeeze=False)
+    for col, (arch, chosen) in enumerate(fits.items()):
+        for fit in chosen:
+            rows = [r for r in fit.checks if r["seconds"] > 0]
+            style = next((v for k, v in styles.items() if k in fit.label),
+                         "-." if "default" in fit.label else "-")  # fmt: skip
+            for row, key in enumerate(("nll", "accuracy")):
+                if rows:
+                    axes[row, col].plot([r["seconds"] for r in rows], [r[key] for r in rows],
+                                        style, color=harness.colour(fit.label), lw=1.3,
+                                        label=fit.label)  # fmt: skip
+        axes[0, col].set(yscale="log", ylabel="test NLL (nats / point)", title=f"digits {arch}")
+        axes[1, col].set(ylabel="test accuracy", ylim=(0, 1))
+        for ax in axes[:, col]:
+            ax.set(xscale="log", xlabel="wall time (s, compilation excluded)")
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=3, frameon=False)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    path, markdown = ctx.figure("curves")
+    fig.savefig(path)
+    plt.close(fig)
+    return markdown
+
+
+def bnn_calibration(ctx, fits, y_test) -> str:
+    """Reliability diagrams (accuracy against confidence) of the deepest network."""
+    plt = harness.pyplot()
+    chosen = list(fits.values())[-1]
+    ncols = min(5, len(chosen))
+    nrows = -(-len(chosen) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 2.7 * nrows), squeeze=False)
+    edges = np.linspace(0, 1, 11)
+    for ax, fit in zip(axes.flat, chosen, strict=False):
+        _, accuracy, count = cases.reliability(fit.final["probs"], y_test, 10)
+        ax.bar(edges[:-1][count > 0], accuracy[count > 0], width=0.1, align="edge", alpha=0.7)
+        ax.plot([0, 1], [0, 1], "k:", lw=0.8)
+        ax.set(xlim=(0, 1), ylim=(0, 1), title=f"{fit.label}\nECE {fit.final['ece']:.3f}",
+               xlabel="confidence", ylabel="accuracy")  # fmt: skip
+    for ax in list(axes.flat)[len(chosen) :]:
+        ax.axis("off")
+    path, markdown = ctx.figure("calibration")
+    harness.save_figure(fig, path)
+    return markdown
+
+
+# ----------------------------------------------------------------------------------- wvgd
+LLOYD_MAX = {  # optimal quantisers of N(0, 1) (Lloyd 1982, Max 1960): centroids, cell masses
+    2: (np.array([-0.7979, 0.7979]), np.array([0.5, 0.5])),
+    3: (np.array([-1.2240, 0.0, 1.2240]), np.array([0.2703, 0.4595, 0.2703])),
+    4: (np.array([-1.5104, -0.4528, 0.4528, 1.5104]), np.array([0.1631, 0.3369, 0.3369, 0.1631])),
+}
+
+
+def lloyd_max(ctx, particles: tuple[int, ...], steps: int) -> tuple[str, str]:
+    """WVGD on ``N(0, 1)``: J particles spread like the prior, M = 200 draws, the authors' Adam
+    0.01; positions averaged over the second half of the steps (a stochastic fixed point)."""
+    import time
+
+    import pymc as pm
+
+    import pymc_gpf
+
+    with pm.Model() as model:
+        pm.Normal("x", 0.0, 1.0)
+    plt = harness.pyplot()
+    fig, axes = plt.subplots(1, len(particles), figsize=(3.6 * len(particles), 2.8), squeeze=False)
+    rows, grid = [], np.linspace(-3.5, 3.5, 400)
+    for ax, j in zip(axes.flat, particles, strict=True):
+        inference = pymc_gpf.WVGD(n_particles=j, draws_per_particle=200, init_scale=1.0,
+                                  model=model, random_seed=1 + j)  # fmt: skip
+        total = []
+
+        def average(approx, hist, i, total=total):
+            if i > steps // 2:
+                total.append(approx.particles.copy())
+
+        start = time.perf_counter()
+        inference.fit(steps, progressbar=False, backend=harness.backend(), callbacks=[average],
+                      learning_rate=0.01)  # fmt: skip
+        seconds, mean = time.perf_counter() - start, np.mean(total, axis=0)
+        order = np.argsort(mean[:, 0])
+        positions, weights = mean[order, 0], inference.approx.cell_weights[order]
+        optimal, masses = LLOYD_MAX[j]
+        errors = [float(np.max(np.abs(positions - optimal))),
+                  float(np.max(np.abs(np.sort(inference.approx.particles[:, 0]) - optimal))),
+                  float(np.max(np.abs(weights - masses)))]  # fmt: skip
+        case = f"N(0,1), J = {j}"
+        ctx.record(case, "WVGD", "max_abs_position_error", errors[0], "", "averaged")
+        ctx.record(case, "WVGD", "max_abs_final_position_error", errors[1], "", "last step")
+        ctx.record(case, "WVGD", "max_abs_weight_error", errors[2])
+        ctx.record(case, "WVGD", "seconds", seconds, "s", "fit incl. compilation")
+        for k, (z, b) in enumerate(zip(positions, weights, strict=True)):
+            ctx.record(case, "WVGD", f"particle[{k}]", z, "", f"optimal {optimal[k]}")
+            ctx.record(case, "WVGD", f"cell_weight[{k}]", b, "", f"optimal {masses[k]}")
+        rows.append([j, ", ".join(f"{z:+.3f}" for z in positions),
+                     ", ".join(f"{z:+.4f}" for z in optimal), fmt(errors[0], 2), fmt(errors[1], 2),
+                     ", ".join(f"{b:.3f}" for b in weights), ", ".join(f"{b:.4f}" for b in masses),
+                     fmt(errors[2], 2)])  # fmt: skip
+        ax.plot(grid, np.exp(-0.5 * grid**2) / np.sqrt(2 * np.pi), color="grey", lw=1)
+        for z in optimal:
+            ax.axvline(z, color="k", ls=":", lw=1)
+        for b in (positions[:-1] + positions[1:]) / 2:
+            ax.axvline(b, color="C6", ls="-", lw=0.6, alpha=0.5)
+        ax.plot(positions, np.zeros_like(positions), "o", color="C6", label="WVGD particles")
+        ax.set(title=f"J = {j}", xlabel="x", yticks=[])
+    axes.flat[0].legend(loc="upper left")
+    path, markdown = ctx.figure("lloyd_max")
+    harness.save_figure(fig, path)
+    table = md_table("J | particles (averaged) | Lloyd–Max | max error | max error, last step | "
+                     "cell weights β | cell masses | max error", rows)  # fmt: skip
+    return table, markdown
+
+
+def mean_se(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n = values.shape[0]
+    se = values.std(axis=0, ddof=1) / np.sqrt(n) if n > 1 else np.full(values.shape[1:], np.nan)
+    return values.mean(axis=0), se
+
+
+def wvgd(ctx) -> str:
+    import time
+
+    import pymc as pm
+
+    particles, repeats = ctx.pick((1, 2), (1, 2, 3, 4, 5)), ctx.pick(1, 3)
+    steps, advi_steps = ctx.pick(400, 1500), ctx.pick(0, 5000)
+    print("   Lloyd–Max", flush=True)
+    lloyd_particles, lloyd_steps = ctx.pick((2,), (2, 3, 4)), ctx.pick(500, 3000)
+    table1, figure1 = lloyd_max(ctx, lloyd_particles, lloyd_steps)
+    bounds, rows = {}, []
+    for name in ctx.pick(("iris",), ("iris", "diabetes", "breast_cancer")):
+        print(f"   bound vs J: {name}", flush=True)
+        x, y = cases.binary_dataset(name)
+        model, bound, advi = None, np.empty((repeats, len(particles))), np.full(repeats, np.nan)
+        start = time.perf_counter()
+        for r in range(repeats):
+            subset = np.random.default_rng(r).choice(len(y), 50, replace=False)
+            (xs,) = cases.standardise(x[subset])
+            if model is None:
+                model = cases.logistic_model(xs, y[subset], prior_sd=1.0)
+            else:
+                pm.set_data({"x": xs, "y": y[subset]}, model=model)
+            for k, j in enumerate(particles):
+                approx = pm.fit(steps, method="wvgd", model=model, random_seed=r, progressbar=False,
+                                inf_kwargs={"n_particles": j, "draws_per_particle": 100},
+                                backend=harness.backend(), learning_rate=0.01)  # fmt: skip
+                bound[r, k] = -np.mean(approx.hist[-200:])
+            if advi_steps:
+                approx = pm.fit(advi_steps, method="advi", model=model, random_seed=r,
+                                progressbar=False, obj_optimizer=pm.adam(learning_rate=1e-2),
+                                backend=harness.backend())  # fmt: skip
+                advi[r] = -np.mean(approx.hist[-1000:])
+        seconds, bounds[name] = time.perf_counter() - start, bound
+        mean, se = mean_se(bound)
+        gain_mean, gain_se = mean_se((bound[:, -1] - bound[:, 0])[:, None])
+        for k, j in enumerate(particles):
+            for r in range(repeats):
+                ctx.record(name, f"WVGD J={j}", "elbo", bound[r, k], "nats", f"subset {r}")
+            ctx.record(name, f"WVGD J={j}", "elbo_mean", mean[k], "nats")
+            ctx.record(name, f"WVGD J={j}", "elbo_se", se[k], "nats")
+        ctx.record(name, "WVGD", f"gain_J{particles[-1]}_vs_J1", gain_mean[0], "nats")
+        ctx.record(name, "WVGD", f"gain_J{particles[-1]}_vs_J1_se", gain_se[0], "nats")
+        ctx.record(name, "WVGD", "seconds", seconds, "s", "all fits of this data set")
+        advi_cell = "—"
+        if np.isfinite(advi).all():
+            a_mean, diff = advi.mean(), (advi - bound[:, 0]).mean()
+            ctx.record(name, "ADVI (adam 0.01)", "elbo_mean", a_mean, "nats")
+            ctx.record(name, "ADVI (adam 0.01)", "elbo_minus_wvgd_J1", diff, "nats")
+            advi_cell = f"{a_mean:.2f} ({diff:+.2f} vs J = 1)"
+        rows.append([name, *(f"{m:.2f} ± {s:.2f}" if np.isfinite(s) else f"{m:.2f}"
+                             for m, s in zip(mean, se, strict=True)),
+                     f"{gain_mean[0]:+.3f}"
+                     + (f" ± {gain_se[0]:.3f}" if np.isfinite(gain_se[0]) else ""),
+                     advi_cell])  # fmt: skip
+    table2 = md_table(["data set", *[f"J = {j}" for j in particles],
+                       f"gain J = {particles[-1]} − J = 1 (paired)", "PyMC ADVI (mean field)"],
+                      rows)  # fmt: skip
+    plt = harness.pyplot()
+    fig, axes = plt.subplots(1, len(bounds), figsize=(3.6 * len(bounds), 3.0), squeeze=False)
+    for ax, (name, bound) in zip(axes.flat, bounds.items(), strict=True):
+        mean, se = mean_se(bound - bound[:, :1])
+        ax.errorbar(particles, mean, yerr=np.nan_to_num(se), marker="o", color="C6", capsize=3)
+        ax.set(title=name, xlabel="particles J", ylabel="bound − bound(J = 1) (nats)")
+        ax.set_xticks(particles)
+    path, figure2 = ctx.figure("bound_vs_particles")
+    harness.save_figure(fig, path)
+    text = ctx.text("wvgd_bound", repeats=repeats, first=particles[0], last=particles[-1],
+                    steps=steps)  # fmt: skip
+    if advi_steps:
+        text += " " + ctx.text("wvgd_advi", steps=advi_steps)
+    lloyd = ", ".join(map(str, lloyd_particles))
+    lloyd = ctx.text("wvgd_lloyd", particles=lloyd, steps=lloyd_steps)
+    return "\n\n".join(["### Lloyd–Max check", lloyd, table1, figure1,
+                        "### Evidence bound vs number of particles", text, table2,
+                        figure2])  # fmt: skip
+
+
+SECTIONS = {
+    "logistic": ("Bayesian logistic regression: test NLL vs time (paper Fig. 6)", logistic),
+    "bnn": ("Bayesian neural network on digits: NLL, accuracy, calibration (paper Table 1)", bnn),
+    "wvgd": ("WVGD: Lloyd–Max check and evidence bound vs particles (WVGD paper §10.2)", wvgd),
+}

@@ -1,0 +1,572 @@
+"""Speed sections: cost per step against the bare batched gradient and scaling with D and N
+(speed), time to the first step on a cold and a warm PyTensor cache (startup), and GPF's step on
+JAX with the particles split across devices (scale).
+
+Every scaling, startup and scale cell runs in a fresh process (``python -m benchmarks.speed
+child JSON``); memory is the process's resident set from ``/proc/self/status``, its peak while
+stepping (the high-water mark is reset after the first step).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+import time
+import warnings
+
+import numpy as np
+
+from benchmarks import anchors, cases, harness
+from benchmarks.harness import Method, fmt, md_table
+
+BATCH, SCALING_BATCH, SCALING_DIM, FULL_RANK_MAX_D = 20, 10, 1000, 1000
+LABELS = {"bare": "bare logp+grad", "gpf": "GPF", "gf": "GF full rank", "gf_diag": "GF diagonal",
+          "gf_lowrank": "GF rank 10", "wvgd": "WVGD", "advi": "ADVI", "advi_1": "ADVI obj_n_mc=1",
+          "fullrank_advi": "FullRankADVI", "svgd": "SVGD"}  # fmt: skip
+
+
+# -------------------------------------------------------------------------------- models
+def gaussian_model(d: int, kappa: float):
+    """The paper's N(μ, Σ) (log10 eigenvalues evenly from −1 to −1 + log10 κ, a random
+    rotation) as a flat prior plus a potential; and μ and the marginal sds."""
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    rng = np.random.default_rng(0)
+    rotation, _ = np.linalg.qr(rng.uniform(size=(d, d)))
+    mean, eigenvalues = rng.normal(size=d), 10 ** np.linspace(-1, -1 + np.log10(kappa), d)
+    with pm.Model() as model:
+        mu = pm.Data("mean", mean)
+        factor = pm.Data("precision_factor", rotation / np.sqrt(eigenvalues))
+        x = pm.Flat("x", shape=d)
+        pm.Potential("gaussian", -0.5 * pt.sum(pt.square(pt.dot(x - mu, factor))))
+    return model, mean, np.sqrt(np.diag((rotation * eigenvalues) @ rotation.T))
+
+
+def build_model(spec: dict):
+    """``logistic``: n observations of d standard-normal features, N(0, 1) priors, no
+    intercept; ``gaussian``: :func:`gaussian_model` with κ = 10; else N(μ, diag σ²) in d."""
+    import pymc as pm
+
+    if spec["kind"] == "logistic":  # speed's n = 2000, D = 50; scale's (d given) n = 1000
+        rng, (n, d) = np.random.default_rng(0), (1000, spec["d"]) if "d" in spec else (2000, 50)
+        x = rng.normal(size=(n, d))
+        if "d" in spec:  # scale's draws the labels' uniforms before the weights
+            u, w = rng.random(n), 0.3 * rng.normal(size=d)
+        else:
+            w, u = 0.3 * rng.normal(size=d), rng.random(n)
+        return cases.logistic_model(x, u < 1 / (1 + np.exp(-x @ w)), 1.0, intercept=False,
+                                    as_data=False)  # fmt: skip
+    if spec["kind"] == "gaussian":
+        return gaussian_model(spec["d"], 10.0)[0]
+    if spec["kind"] == "german_credit":
+        return cases.german_credit_reference_model()
+    if spec["kind"] == "eight_schools":
+        return cases.posteriordb_case("eight_schools-eight_schools_noncentered").model
+    rng = np.random.default_rng(spec["d"])
+    with pm.Model() as model:
+        pm.Normal("x", rng.normal(size=spec["d"]), np.exp(rng.normal(scale=0.5, size=spec["d"])),
+                  shape=spec["d"])  # fmt: skip
+    return model
+
+
+def gpf_jitter(n: int, d: int) -> float:
+    """GPF's init_scale 0.1, times sqrt(N/D) for N ≤ D: the N − 1 non-zero eigenvalues of the
+    particles' covariance stay about 0.01 (the speed section's note says what the default does)."""
+    return 0.1 * min(1.0, float(np.sqrt(n / d)))
+
+
+def stepper(method: str, model, n: int, backend, default_jitter: bool = False, devices: int = 1):
+    """``step(k)`` runs k steps of ``method`` with ``n`` points each after a first call that
+    compiles; and the gradients one step evaluates. Ours take the fixed-step update (every step
+    asked for runs; an automatic fit stops once converged); PyMC's their default optimiser."""
+    import pymc_gpf
+
+    if method == "bare":
+        target, wait = pymc_gpf.BatchedTarget(model), lambda out: out
+        if backend == "jax":
+            import jax
+
+            from pymc_gpf.jaxlink import row_sharding
+
+            target.row_sharding = sharding = row_sharding(devices)
+        fn = target.compile_logp_dlogp(backend=backend)
+        points = 0.1 * np.random.default_rng(1).normal(size=(n, target.ndim))
+        if backend == "jax":
+            fn.trust_input, wait = True, jax.block_until_ready  # a device array goes in as is
+            if sharding is not None and n % devices:  # uneven: copies, split in XLA
+                sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+            points = jax.device_put(points, sharding)
+        wait(fn(points))
+
+        def step(k: int) -> None:
+            for _ in range(k - 1):
+                fn(points)
+            wait(fn(points))
+
+        return step, n, None
+    d = pymc_gpf.BatchedTarget(model).ndim  # only D: a target kept alive would count in memory
+    fixed, jitter = {"learning_rate": 1e-3}, 0.1 if default_jitter else gpf_jitter(n, d)
+    kind, inf_kwargs, fit_kwargs = {
+        "gpf": ("gpf", {"n_particles": n, "init_scale": jitter, "devices": devices}, fixed),
+        "gf": ("gf", {"draws_per_step": n}, fixed),
+        "gf_diag": ("gf", {"draws_per_step": n, "structure": "diagonal"}, fixed),
+        "gf_lowrank": ("gf", {"rank": 10, "draws_per_step": n}, fixed),
+        # at WVGD's own default 0.01 the logistic regression diverges inside the timing window
+        "wvgd": ("wvgd", {"n_particles": 4, "draws_per_particle": max(n // 4, 1)}, fixed),
+        "advi": ("advi", {}, {"obj_n_mc": n}),
+        "advi_1": ("advi", {}, {"obj_n_mc": 1}),
+        "fullrank_advi": ("fullrank_advi", {}, {"obj_n_mc": n}),
+        "svgd": ("svgd", {"n_particles": n}, {}),
+    }[method]  # fmt: skip
+    if backend != "jax":
+        inf_kwargs.pop("devices", None)
+    inference = Method(LABELS[method], kind, inf_kwargs, fit_kwargs).build(model, seed=1)
+    if method == "fullrank_advi":  # L = 0.1 I: from PyMC's softplus(1) I its first gradient is NaN
+        group = inference.approx.groups[0]
+        value = group.params_dict["L_tril"].get_value()
+        value[np.cumsum(np.arange(1, group.ddim + 1)) - 1] = np.log(np.expm1(0.1))
+        group.params_dict["L_tril"].set_value(value)
+    inference.fit(1, progressbar=False, backend=backend, **fit_kwargs)
+    n_mc = fit_kwargs.get("obj_n_mc", 1)
+    before = harness.evaluations(inference, 0, n_mc)
+    inference.refine(1, progressbar=False)
+    grads = harness.evaluations(inference, 1, n_mc) - before
+
+    def step(k: int) -> None:  # ours read the free energy: waits for the step
+        inference.refine(k, progressbar=False)
+
+    return step, grads, inference
+
+
+# ------------------------------------------------------------------------ child processes
+def _memory_mb() -> dict[str, float]:
+    with open("/proc/self/status") as fh:
+        lines = [line.split(":") for line in fh if line.startswith(("VmRSS", "VmHWM"))]
+    return {key: int(value.split()[0]) / 1024 for key, value in lines}
+
+
+def child(payload: dict) -> dict:
+    """One cell in this fresh process: ``speed`` (first step, warm ms/step, memory),
+    ``startup`` (time to the first step and to a result) or ``scale`` (JAX devices)."""
+    start = time.perf_counter()
+    import pymc  # noqa: F401
+    import scipy.linalg  # noqa: F401
+
+    from threadpoolctl import threadpool_limits
+
+    import pymc_gpf  # noqa: F401
+
+    threadpool_limits(1, user_api="blas")
+    logging.getLogger("pymc").setLevel(logging.ERROR)
+    imported = time.perf_counter() - start
+    if payload["kind"] == "startup":
+        model = build_model({"kind": payload["model"]})
+        start = time.perf_counter()
+        first, note = _first_step(payload["method"], model, payload["backend"])
+        return {"import": imported, "first_step": first, "result": time.perf_counter() - start,
+                "note": note}  # fmt: skip
+    if payload["kind"] == "scale":
+        return _scale_child(payload)
+    model = build_model(payload["model"])
+    baseline = _memory_mb()["VmRSS"]
+    start = time.perf_counter()
+    step, _, _ = stepper(payload["method"], model, payload["n"], payload["backend"],
+                         payload.get("default_jitter", False))  # fmt: skip
+    out = {"import_seconds": imported, "first_step_seconds": time.perf_counter() - start,
+           "baseline_rss_mb": baseline,
+           "first_step_peak_rss_mb": _memory_mb()["VmHWM"]}  # fmt: skip
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # resets the high-water mark
+        reset = True
+    except OSError:
+        reset = False
+    out["ms_per_step"] = 1e3 * harness.time_per_call(step, payload["steps_seconds"], 3)
+    out["stepping_peak_rss_mb"] = _memory_mb()["VmHWM"] if reset else float("nan")
+    return out
+
+
+# ---------------------------------------------------------------------------------- speed
+def speed(ctx) -> str:
+    per_step_models = ctx.pick(("logistic",), ("logistic", "gaussian"))
+    per_step_methods = ctx.pick(("bare", "gpf", "advi_1"), tuple(LABELS))
+    repeat_seconds, repeats = ctx.pick(0.1, 0.3), ctx.pick(3, 5)
+    dims = ctx.pick((100, 10_000), (100, 1000, 10_000, 100_000))
+    dim_methods = ctx.pick(("gpf",), ("bare", "gpf", "gf_lowrank", "advi_1", "fullrank_advi",
+                                      "svgd"))  # fmt: skip
+    particles = ctx.pick((), (10, 100, 1000))
+    particle_methods = ctx.pick((), ("bare", "gpf", "gf_diag", "advi", "svgd"))
+    models = {"logistic n=2000, D=50": {"kind": "logistic"},
+              "Gaussian D=20, κ=10": {"kind": "gaussian", "d": 20}}  # fmt: skip
+    rows = []
+    for backend in dict.fromkeys(b or ctx.backend for b in ctx.pick((None,), (None, "c"))):
+        name = harness.backend_name(backend)
+        for model_name, spec in models.items():
+            if spec["kind"] not in per_step_models:
+                continue
+            model, ms, grads = build_model(spec), {}, {}
+            for method in per_step_methods:
+                try:
+                    step, grads[method], _ = stepper(method, model, BATCH, backend)
+                    ms[method] = 1e3 * harness.time_per_call(step, repeat_seconds, repeats)
+                except FloatingPointError as err:
+                    ms[method], grads[method] = float("nan"), float("nan")
+                    ctx.record(model_name, method, "failure", 1.0, note=str(err)[:200])
+            case = f"{model_name}; {name}"
+            for method, value in ms.items():
+                per_grad = value / grads[method] / (ms["bare"] / BATCH)
+                ctx.record(case, method, "ms_per_step", value, "ms")
+                ctx.record(case, method, "ms_per_step_over_bare", value / ms["bare"])
+                ctx.record(case, method, "ms_per_gradient_over_bare", per_grad)
+                rows.append([model_name, name, LABELS[method], fmt(grads[method]), fmt(value),
+                             fmt(value / ms["bare"]), fmt(per_grad)])  # fmt: skip
+            print(f"  per step: {model_name}, {name}: done", flush=True)
+    per_step = md_table("model | backend | method | gradients / step | ms / step | step / bare | "
+                        "per gradient / bare", rows, left=3)  # fmt: skip
+    results = {}
+    for axis, values, methods in (("D", dims, dim_methods), ("N", particles, particle_methods)):
+        for value in values:
+            d, n = (value, SCALING_BATCH) if axis == "D" else (SCALING_DIM, value)
+            for method in methods:
+                case = f"diagonal Gaussian D={d}, N={n}"
+                if method == "fullrank_advi" and d > FULL_RANK_MAX_D:
+                    results[axis, method, value] = None
+                    ctx.record(case, method, "skipped", 1.0, note="memory: D(D+1)/2 parameters")
+                    continue
+                out = results[axis, method, value] = harness.run_child("benchmarks.speed", {
+                    "kind": "speed", "model": {"kind": "diagonal", "d": d}, "method": method,
+                    "n": n, "backend": ctx.backend, "steps_seconds": repeat_seconds})  # fmt: skip
+                if "error" in out:
+                    ctx.record(case, method, "failure", 1.0, note=out["error"])
+                    continue
+                ctx.record_many(case, method, [
+                    ("ms_per_step", out["ms_per_step"], "ms"),
+                    ("first_step_seconds", out["first_step_seconds"], "s"),
+                    ("baseline_rss", out["baseline_rss_mb"], "MB"),
+                    ("stepping_peak_rss", out["stepping_peak_rss_mb"], "MB"),
+                    ("stepping_peak_over_baseline",
+                     out["stepping_peak_rss_mb"] - out["baseline_rss_mb"], "MB"),
+                    ("first_step_peak_rss", out["first_step_peak_rss_mb"], "MB")])  # fmt: skip
+            print(f"  scaling {axis}={value}: done", flush=True)
+    d = max(dims)
+    out = harness.run_child("benchmarks.speed", {
+        "kind": "speed", "model": {"kind": "diagonal", "d": d}, "method": "gpf", "n": SCALING_BATCH,
+        "backend": ctx.backend, "steps_seconds": repeat_seconds,
+        "default_jitter": True})  # fmt: skip
+    case = f"diagonal Gaussian D={d}, N={SCALING_BATCH}, default init_scale 0.1"
+    found = re.search(r"diverged at step (\d+)", out.get("error", ""))
+    if found:
+        step = ctx.record(case, "gpf", "diverged_at_step", int(found.group(1)))
+        jitter = (
+            f"at D = {d:,}, N = {SCALING_BATCH}, GPF with the default init_scale and "
+            f"learning rate 0.001 diverged at step {step} on this target (this run)"
+        )
+    elif "error" in out:
+        ctx.record(case, "gpf", "failure", 1.0, note=out["error"])
+        jitter = f"at D = {d:,} GPF with the default init_scale failed: {out['error'][:120]}"
+    else:
+        ctx.record(case, "gpf", "ms_per_step", out["ms_per_step"], "ms")
+        jitter = (f"at D = {d:,}, N = {SCALING_BATCH} the default init_scale ran without "
+                  "diverging here")  # fmt: skip
+    baselines = [o["baseline_rss_mb"] for o in results.values() if o and "error" not in o]
+    extra = (f", and N ∈ {{{', '.join(map(str, particles))}}} at D = {SCALING_DIM:,} (ADVI with "
+             "`obj_n_mc` = N)") if particles else ""  # fmt: skip
+    parts = ["### Cost per step against the bare batched gradient",
+             ctx.text("speed_step", repeats=repeats, seconds=repeat_seconds), per_step,
+             "### Scaling with D and N",
+             ctx.text("speed_scaling", dims=", ".join(f"{d:,}" for d in dims), particles=extra,
+                      low=fmt(min(baselines, default=float("nan"))),
+                      high=fmt(max(baselines, default=float("nan"))))]  # fmt: skip
+    for axis, values, methods in (("D", dims, dim_methods), ("N", particles, particle_methods)):
+        for key, what in (("ms_per_step", "Warm ms per step"),
+                          ("stepping_peak_rss_mb", "Peak resident memory while stepping (MB)"),
+                          ("first_step_seconds", "First step, warm cache (s)")):  # fmt: skip
+            if values:
+                rows = [[LABELS[m], *("not run (memory)" if (o := results[axis, m, v]) is None
+                                      else "failed" if "error" in o else fmt(o[key])
+                                      for v in values)] for m in methods]  # fmt: skip
+                parts += [
+                    f"{what} against {axis}:",
+                    md_table(["method", *(f"{axis} = {v:,}" for v in values)], rows),
+                ]
+    panels = (("D", dims, dim_methods), ("N", particles, particle_methods))
+    parts += [scaling_figure(ctx, results, panels),
+              "Time per step (top) and peak resident memory while stepping (bottom) against D and "
+              "N: one fresh process per point.", ctx.text("speed_note", jitter=jitter)]  # fmt: skip
+    return "\n\n".join(parts)
+
+
+def scaling_figure(ctx, results: dict, panels) -> str:
+    plt = harness.pyplot()
+    panels = [p for p in panels if p[1]]
+    fig, axes = plt.subplots(2, len(panels), figsize=(5.2 * len(panels), 6.4), squeeze=False)
+    for col, (axis, values, methods) in enumerate(panels):
+        for method in methods:
+            done = [(v, o) for v in values if (o := results[axis, method, v]) and "error" not in o]
+            xs = [v for v, _ in done]
+            style = "o" + ("--" if method in ("gf_lowrank", "advi") else "-")
+            colour = harness.COLOURS["fullrank_advi" if method.startswith("fullrank")
+                                     else method.split("_")[0]]  # fmt: skip
+            axes[0, col].loglog(xs, [o["ms_per_step"] for _, o in done], style, color=colour,
+                                label=LABELS[method])  # fmt: skip
+            axes[1, col].semilogx(xs, [o["stepping_peak_rss_mb"] for _, o in done], style,
+                                  color=colour, label=LABELS[method])  # fmt: skip
+        fixed = f"N = {SCALING_BATCH}" if axis == "D" else f"D = {SCALING_DIM:,}"
+        axes[0, col].set(title=f"time per step vs {axis} ({fixed}; diagonal Gaussian)",
+                         ylabel="ms / step", xlabel=axis)  # fmt: skip
+        axes[1, col].set(title=f"peak resident memory while stepping vs {axis}", ylabel="MB",
+                         xlabel=axis)  # fmt: skip
+        axes[0, col].legend(fontsize=7)
+    path, markdown = ctx.figure("scaling")
+    harness.save_figure(fig, path)
+    return markdown
+
+
+# -------------------------------------------------------------------------------- startup
+STARTUP_LABELS = {"bare": "bare batched logp+grad", "gpf": "GPF", "gf": "GF", "wvgd": "WVGD",
+                  "advi": "PyMC ADVI", "svgd": "PyMC SVGD", "dadvi": "pymc-extras DADVI",
+                  "pathfinder": "pymc-extras Pathfinder"}  # fmt: skip
+MODELS = {"logistic": "logistic regression (n = 2000, D = 50; the speed section's)",
+          "german_credit": "German credit (the quickstart's; D = 25)",
+          "eight_schools": "eight schools, non-centred (D = 10)"}  # fmt: skip
+
+
+def _first_step(method: str, model, backend: str | None) -> tuple[float, str]:
+    """``method`` at its defaults: seconds to the end of its first step (NaN without a step to
+    time) and a note; the fit is followed by 1000 draws."""
+    import pymc as pm
+
+    import pymc_gpf
+
+    start = time.perf_counter()
+    if method == "bare":
+        target = pymc_gpf.BatchedTarget(model)
+        target.compile_logp_dlogp(backend=backend)(np.zeros((20, target.ndim)))
+        return time.perf_counter() - start, ""
+    if method in ("dadvi", "pathfinder"):
+        return float("nan"), getattr(anchors, f"run_{method}")(model, 1).status
+    first = []
+    approx = pm.fit(method=method, model=model, random_seed=1, progressbar=False,
+                    callbacks=[lambda *_: first or first.append(time.perf_counter() - start)],
+                    **({} if backend is None else {"backend": backend}))  # fmt: skip
+    approx.sample(1000, random_seed=2)
+    if method not in ("gpf", "gf", "wvgd"):
+        return first[0], "10 000 steps (pm.fit's default)"
+    compiled = approx.inference.fit_options.compile_backend or "numba"
+    return first[0], f"{len(approx.hist)} steps, {approx.outcome.reason}; {compiled}"
+
+
+def startup(ctx) -> str:
+    cells = ctx.pick((("bare", None), ("gpf", None)), (
+        *((m, None) for m in STARTUP_LABELS), ("gpf", "numba"), ("gf", "numba"), ("wvgd", "numba"),
+        ("bare", "c"), ("advi", "c")))  # fmt: skip
+    tables = []
+    for model in ctx.pick(("eight_schools",), tuple(MODELS)):
+        rows = []
+        for method, backend in cells:
+            payload = {"kind": "startup", "model": model, "method": method, "backend": backend}
+            with tempfile.TemporaryDirectory(prefix="pytensor-cold-") as compiledir:
+                env = {"PYTENSOR_FLAGS": f"base_compiledir={compiledir}"}
+                cold, warm = (harness.run_child("benchmarks.speed", payload, **env) for _ in "cw")
+                similar = {} if model != "logistic" else harness.run_child(
+                    "benchmarks.speed", dict(payload, model="german_credit"), **env)  # fmt: skip
+            name = backend or "default"
+            if "error" in cold or "error" in warm:
+                note = cold.get("error") or warm.get("error")
+                ctx.record(model, method, "failure", 1.0, note=note)
+                rows.append([STARTUP_LABELS[method], name, "failed", "", "", "", "", note[:60]])
+                continue
+            for run_name, out in (("cold", cold), ("warm", warm)):
+                for key in ("first_step", "result"):
+                    ctx.record(f"{model}; {name}", method, f"{key}_{run_name}_seconds", out[key],
+                               "s", out["note"])  # fmt: skip
+            rows.append([STARTUP_LABELS[method], name, fmt(cold["first_step"]),
+                         fmt(cold["result"]), fmt(warm["first_step"]), fmt(warm["result"]),
+                         fmt(similar["result"]) if "result" in similar else "",
+                         cold["note"]])  # fmt: skip
+            print(f"  {model} {method} ({name}): {cold['result']:.0f} s cold", flush=True)
+        similar = "result, German credit next (s)" if model == "logistic" else ""
+        tables.append(f"**{MODELS[model]}**\n\n" + md_table(
+            ["method", "backend", "first step, cold (s)", "result, cold (s)",
+             "first step, warm (s)", "result, warm (s)", similar, "fit"], rows,
+            left=2))  # fmt: skip
+    return "\n\n".join([ctx.text("startup"), *tables])
+
+
+# ---------------------------------------------------------------------------------- scale
+def _scale_child(payload: dict) -> dict:
+    """One configuration, in a process whose JAX sees ``payload["devices"]`` devices."""
+    import jax
+
+    warnings.simplefilter("ignore")
+    if payload.get("side_by_side"):
+        return _side_by_side()
+    spec = payload["model"]
+    model = build_model({**spec, "n": 1000}) if spec["kind"] == "logistic" else build_model(spec)
+    start = time.perf_counter()
+    step, _, inference = stepper(payload["method"], model, payload["n"], "jax",
+                                 devices=payload["devices"])  # fmt: skip
+    out = {"first_seconds": time.perf_counter() - start, "platform": jax.devices()[0].platform}
+    out["ms_per_step"] = 1e3 * harness.time_per_call(step, payload["seconds"], payload["repeats"])
+    held: dict = {}  # what the live arrays hold on each device
+    for array in jax.live_arrays():
+        for shard in array.addressable_shards:
+            held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
+    out["device_mb"] = max(held.values(), default=0) / 2**20
+    if inference is not None and payload["devices"] > 1:
+        try:
+            out.update(_collectives(inference))
+        except Exception as err:  # PyTensor internals: report, do not fail the run
+            out["collectives_error"] = repr(err)[:200]
+    return out
+
+
+def _collectives(inference) -> dict[str, int]:
+    """How many of each collective XLA compiled into the step, and how many numbers their
+    results hold in all (an all-gather's result counts whole)."""
+    compiled = [c.cell_contents for c in inference.step.fn.__closure__ or ()]
+    fn = next(iter(next(v for v in compiled if isinstance(v, dict) and v).values()))
+    for cell in getattr(fn, "_fn", fn).vm.__closure__ or ():
+        if callable(cell.cell_contents) and hasattr(cell.cell_contents, "inputs"):
+            thunk = cell.cell_contents
+            jit, inputs = thunk.__defaults__[0], [x[0] for x in thunk.inputs]
+    text = jit.lower(*inputs).compile().as_text()
+    out = {"collective_numbers": 0}
+    for op in ("all-gather", "all-reduce", "all-to-all", "collective-permute"):
+        lines = [line for line in text.splitlines() if f" {op}(" in line or f" {op}-start(" in line]
+        out[op] = len(lines)
+        for line in lines:  # the result, e.g. " (f64[40,200]{1,0}, f64[]) "
+            for dims in re.findall(r"\w+\[([\d,]*)\]", line.split("=", 1)[1].split(op)[0]):
+                out["collective_numbers"] += int(np.prod([int(n) for n in dims.split(",") if n]))
+    return out
+
+
+def _side_by_side() -> dict:
+    """Every method at its defaults on one closed-form Gaussian (D = 20, κ = 100), in one
+    process with 4 host devices: seconds including compilation, largest errors in sds."""
+    model, mean, sd = gaussian_model(20, 100.0)
+    rows = []
+    for label, method, options, backend in [
+        ("GPF", "gpf", {}, None), ("GPF", "gpf", {}, "jax"),
+        ("GPF ×4 devices", "gpf", {"devices": 4}, "jax"), ("GF", "gf", {}, None),
+        ("GF", "gf", {}, "jax"), ("GF ×4 devices", "gf", {"devices": 4}, "jax"),
+        ("WVGD", "wvgd", {}, None), ("WVGD", "wvgd", {}, "jax"),
+        ("Langevin ensemble", "ensemble", {}, None), ("Langevin ensemble", "ensemble", {}, "jax"),
+        ("ADVI (PyMC)", "advi", {}, None), ("ADVI (PyMC)", "advi", {}, "jax"),
+    ]:  # fmt: skip
+        try:
+            fit = harness.fit_defaults(method, model, inf_kwargs=options, backend=backend)
+            draws = harness.flat_sample(fit.approx, 20_000, 0)
+        except Exception as err:  # PyMC's own JAX path is reported broken: say how
+            message = f"{type(err).__name__}: {str(err).splitlines()[0][:90]}"
+            rows.append({"label": label, "backend": backend, "error": message})
+            continue
+        status = "ran 10000 steps" if fit.stop == "n steps" else f"{fit.stop}, {fit.steps} steps"
+        rows.append({"label": label, "backend": backend or "default", "seconds": fit.seconds,
+                     "status": status, **_errors(draws, mean, sd)})  # fmt: skip
+    start = time.perf_counter()
+    dadvi = anchors.run_dadvi(model, random_seed=1)
+    rows.append({"label": "DADVI (pymc-extras)", "backend": "default", "status": dadvi.status,
+                 "seconds": time.perf_counter() - start,
+                 **_errors(dadvi.draws["x"], mean, sd)})  # fmt: skip
+    run = harness.nuts(model, 1, discard_tuned_samples=True)
+    rows.append({"label": "NUTS (PyMC)", "backend": "default", "status": "2 x 1000 draws",
+                 "seconds": run.seconds, **_errors(run.values["x"], mean, sd)})  # fmt: skip
+    return {"rows": rows}
+
+
+def _errors(draws, mean, sd) -> dict[str, float]:
+    errors = harness.max_errors(np.asarray(draws).reshape(-1, len(mean)), mean, sd)
+    return dict(zip(("mean_error", "sd_error"), errors, strict=True))
+
+
+def _scale_run(payload: dict, device: str) -> dict:
+    env = {"JAX_PLATFORMS": device}
+    if device == "cpu":
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={payload['devices']}"
+    return harness.run_child("benchmarks.speed", {"kind": "scale", **payload}, **env)
+
+
+def scale(ctx) -> str:
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        return 'JAX is not installed (`pip install -e ".[jax]"`): this section was skipped.'
+    devices, seconds, repeats = (1, 4), ctx.pick(0.3, 1.0), ctx.pick(2, 3)
+    configs = [(f"logistic N={n}, D=100", {"kind": "logistic", "d": 100}, n)
+               for n in ctx.pick((10, 100), (10, 100, 1000, 10_000))]  # fmt: skip
+    configs += [(f"Gaussian N=12, D={d}", {"kind": "diagonal", "d": d}, 12)
+                for d in ctx.pick((1000,), (100, 10_000, 1_000_000))]  # fmt: skip
+    side_by_side = "(the full run only)"
+    if not ctx.quick:
+        out = _scale_run({"side_by_side": True, "devices": 4}, ctx.device)
+        side_by_side = f"The side-by-side run failed: {out.get('error')}" if "error" in out else ""
+        rows = []
+        for row in out.get("rows", []):
+            if "error" in row:
+                rows.append([row["label"], row["backend"], "fails", "—", "—", row["error"]])
+                continue
+            label = f"{row['label']} {row['backend']}"
+            for metric, unit in (("seconds", "s"), ("mean_error", "sd"), ("sd_error", "")):
+                ctx.record("gaussian D=20", label, metric, row[metric], unit)
+            rows.append([row["label"], row["backend"], fmt(row["seconds"]),
+                         fmt(row["mean_error"], 2), fmt(row["sd_error"], 2),
+                         row["status"]])  # fmt: skip
+        if rows:
+            side_by_side = md_table("method (defaults) | backend | seconds | max mean error (sd) "
+                                    "| max sd error | how it ended", rows, left=2)  # fmt: skip
+    results = {}
+    for case, spec, n in configs:
+        for d, method in ((d, m) for d in devices for m in ("bare", "gpf")):
+            payload = {"model": spec, "n": n, "method": method, "devices": d,
+                       "seconds": seconds, "repeats": repeats}  # fmt: skip
+            out = results[case, d, method] = _scale_run(payload, ctx.device)
+            if "error" in out:
+                print(f"   {case} {d} {method}: {out['error']}", flush=True)
+                continue
+            ctx.record(case, f"{method} x{d}", "ms_per_step", out["ms_per_step"], "ms")
+            ctx.record(case, f"{method} x{d}", "device_mb", out["device_mb"], "MB")
+            if "collective_numbers" in out:
+                numbers = out["collective_numbers"]
+                ctx.record(case, f"{method} x{d}", "collective_numbers", numbers, "")
+            print(f"   {case} x{d} {method}: {out['ms_per_step']:.3g} ms", flush=True)
+    rows = []
+    for case, _, _ in configs:
+        row = [case]
+        for d in devices:
+            bare, gpf = results[case, d, "bare"], results[case, d, "gpf"]
+            ok = "error" not in bare and "error" not in gpf
+            ms, base = (gpf["ms_per_step"], bare["ms_per_step"]) if ok else (np.nan, np.nan)
+            row += [fmt(base), fmt(ms), fmt(ms / base, 2), fmt(gpf.get("device_mb", np.nan))]
+        one, many = results[case, devices[0], "gpf"], results[case, devices[-1], "gpf"]
+        n, d = map(int, re.findall(r"\d+", case))
+        row += [fmt(one.get("ms_per_step", np.nan) / many.get("ms_per_step", np.nan), 2),
+                fmt(many.get("collective_numbers", np.nan) / (n * d), 2)]  # fmt: skip
+        rows.append(row)
+    headers = ["case", *(f"{h} ×{d}" for d in devices
+                         for h in ("bare ms", "GPF ms", "GPF/bare", "MB/device")),
+               f"×{devices[0]} / ×{devices[-1]} time", f"crossing ×{devices[-1]} / ND"]  # fmt: skip
+    collectives = "; ".join(
+        f"{case}: {r['all-gather']} all-gathers, {r['all-reduce']} all-reduces, "
+        f"{r['all-to-all']} all-to-alls"
+        for (case, d, m), r in results.items()
+        if m == "gpf" and d > 1 and "all-gather" in r)  # fmt: skip
+    platforms = ", ".join(sorted({r["platform"] for r in results.values() if "platform" in r}))
+    return ctx.text("scale", platforms=platforms or "no", device=ctx.device, one=devices[0],
+                    many=devices[-1], table=md_table(headers, rows), side_by_side=side_by_side,
+                    collectives=collectives) + "\n"  # fmt: skip
+
+
+SECTIONS = {
+    "speed": ("Speed: cost per step, scaling with D and N", speed),
+    "startup": (
+        "Speed: time to the first step and to a result, cold and warm PyTensor cache",
+        startup,
+    ),
+    "scale": ("Scale: JAX, particles split across devices", scale),
+}
+
+if __name__ == "__main__":
+    harness.child_main(child)
