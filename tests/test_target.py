@@ -58,15 +58,20 @@ def batched(simplex_model):
     return BatchedTarget(simplex_model).compile_logp_dlogp()
 
 
-def test_batched_logp_and_grad_equal_pymc_per_point(simplex_model, batched):
-    target = BatchedTarget(simplex_model)
-    points = np.random.default_rng(0).normal(size=(7, target.ndim))
+def _assert_pymc_values(model, target, batched, points) -> None:
+    """The batched log-density and gradient at every row equal PyMC's at that point."""
     logp, grad = batched(points)
-    pm_logp = simplex_model.compile_logp(**PYTHON_MODE)
-    pm_dlogp = simplex_model.compile_dlogp(**PYTHON_MODE)
+    pm_logp = model.compile_logp(**PYTHON_MODE)
+    pm_dlogp = model.compile_dlogp(**PYTHON_MODE)
     for i, x in enumerate(points):
         assert logp[i] == pytest.approx(pm_logp(target.point(x)), rel=1e-12)
         np.testing.assert_allclose(grad[i], pm_dlogp(target.point(x)), rtol=1e-10, atol=1e-12)
+
+
+def test_batched_logp_and_grad_equal_pymc_per_point(simplex_model, batched):
+    target = BatchedTarget(simplex_model)
+    points = np.random.default_rng(0).normal(size=(7, target.ndim))
+    _assert_pymc_values(simplex_model, target, batched, points)
 
 
 def test_simplex_transform_is_truly_batched(simplex_model):
@@ -117,12 +122,7 @@ def test_common_model_ops_compile_to_batched_ops_without_a_warning():
         fn = target.compile_logp_dlogp(compile_kwargs=LOOPING_MODE)
     assert not {op for op in _looped_ops(fn) if not hasattr(op.core_op, "gufunc_signature")}
     points = 0.3 * np.random.default_rng(3).normal(size=(5, target.ndim))
-    logp, grad = fn(points)
-    pm_logp = model.compile_logp(**PYTHON_MODE)
-    pm_dlogp = model.compile_dlogp(**PYTHON_MODE)
-    for i, x in enumerate(points):
-        assert logp[i] == pytest.approx(pm_logp(target.point(x)), rel=1e-12)
-        np.testing.assert_allclose(grad[i], pm_dlogp(target.point(x)), rtol=1e-10, atol=1e-12)
+    _assert_pymc_values(model, target, fn, points)
 
 
 def test_a_loop_over_time_is_one_scan_over_the_batch():
@@ -155,12 +155,7 @@ def test_a_loop_over_time_is_one_scan_over_the_batch():
     assert scans and not _looped_ops(fn)
     assert not any(isinstance(m.op, Scan) for n in scans for m in n.op.fgraph.apply_nodes)
     points = 0.3 * np.random.default_rng(5).normal(size=(5, target.ndim))
-    logp, grad = fn(points)
-    pm_logp = model.compile_logp(**PYTHON_MODE)
-    pm_dlogp = model.compile_dlogp(**PYTHON_MODE)
-    for i, x in enumerate(points):
-        assert logp[i] == pytest.approx(pm_logp(target.point(x)), rel=1e-12)
-        np.testing.assert_allclose(grad[i], pm_dlogp(target.point(x)), rtol=1e-10, atol=1e-12)
+    _assert_pymc_values(model, target, fn, points)
 
 
 class _Cube(Op):
