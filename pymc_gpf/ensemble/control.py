@@ -17,6 +17,8 @@ Plain Python between steps (:class:`SamplingControl`, a :class:`pymc_gpf.control
   correlated posterior mixes as fast as a round one. Burn-in ends once the objective (mean
   ``V``, plus the MMD term) has stopped falling between two windows (the one-sided 5 % test of
   :class:`pymc_gpf.control.Stochastic`); ``eta`` and ``M`` are then frozen.
+* **Outliers.** During burn-in a particle far above the others in ``V`` (:func:`outlying`)
+  takes the state of one of the best: alone, it would set ``L`` and freeze all of them.
 * **Minibatches** (SGLD). When every step reads a fraction ``f`` of the rows, the gradient's
   noise has about ``(1/f - 1)`` times the likelihood's curvature as covariance (the Fisher
   identity, for a well-specified model), which adds ``eta^2 (1/f - 1) L`` to the
@@ -60,6 +62,7 @@ __all__ = [
     "curvature",
     "ensemble_preconditioner",
     "move_curvature",
+    "outlying",
 ]
 
 STEP_PER_CURVATURE = 0.1  # eta * L: at most 5 % excess variance on a Gaussian target
@@ -78,6 +81,9 @@ MIN_STORED = 8  # draws kept whatever their size (a model too large for MAX_STOR
 BURN_IN_KEPT = 20  # the last burn-in states kept: a fit that never left burn-in returns them
 APART = 4.0  # a chain whose mean is this many within-chain sds from the others' sits apart
 RIDGE = 1e-6  # the least weight of the diagonal in the preconditioner
+# during burn-in, a particle whose V exceeds the median by this many median absolute
+# deviations of V (at least one nat each) restarts from the state of one of the best
+OUTLYING = 100.0
 
 
 def curvature(
@@ -163,6 +169,21 @@ def ensemble_preconditioner(deviations: list[np.ndarray]) -> tuple[np.ndarray, n
     alpha = 1.0 - (n - 1) / d
     factor = np.sqrt((1.0 - alpha) / (n - 1)) * deviations[-1]
     return alpha * np.maximum(variances, floor), factor
+
+
+def outlying(potential: np.ndarray) -> np.ndarray:
+    """Which particles sit far above the others in ``V = -log p`` ``(N,)`` (or where it is not
+    finite): more than :data:`OUTLYING` median absolute deviations (at least one nat each)
+    above the median. One particle started where the log-density explodes (an ARMA's
+    non-invertible region, ``V ~ 1e117``) sets the largest curvature, hence a step size of
+    1e-94 for all; a minor mode sits a few nats up, and a chain at the posterior's spread
+    some ``sqrt(D)``."""
+    finite = potential[np.isfinite(potential)]
+    if not len(finite):
+        return np.zeros(len(potential), dtype=bool)
+    median = np.median(finite)
+    spread = max(float(np.median(np.abs(finite - median))), 1.0)
+    return ~(potential - median <= OUTLYING * spread)
 
 
 def accuracy_ess(ndim: int, accuracy: float = MEAN_ACCURACY) -> int:
@@ -263,10 +284,10 @@ class SamplingControl(Control):
     saved = (
         "adapt", "burn_in", "converged", "curvature", "deviations", "ess", "last",
         "max_rejections", "min_burn_in", "minibatch_fraction", "previous", "rate", "recent",
-        "reestimate", "rejections", "rhat", "rhat_excess", "shrink", "steps", "store",
+        "reestimate", "rejections", "restarted", "rhat", "rhat_excess", "shrink", "steps", "store",
         "target_ess", "trace", "values", "window",
     )  # fmt: skip
-    hooks = ("_particles", "_preconditioner", "_set_rate")
+    hooks = ("_particles", "_preconditioner", "_restart_outliers", "_set_rate")
 
     kind = "sampling"
 
@@ -278,6 +299,7 @@ class SamplingControl(Control):
         set_rate: Callable[[float], None],
         rate: float,
         preconditioner: Callable | None = None,
+        restart_outliers: Callable[[], int] | None = None,
         minibatch_fraction: float = 1.0,
         adapt: bool = True,
         thin: int = 1,
@@ -289,6 +311,8 @@ class SamplingControl(Control):
         super().__init__(tol)
         self._particles, self._set_rate = particles, set_rate
         self._preconditioner = preconditioner
+        self._restart_outliers = restart_outliers
+        self.restarted = 0  # particles restarted during burn-in (:func:`outlying`)
         self.minibatch_fraction = minibatch_fraction
         self.rate, self.adapt, self.target_ess = rate, adapt, target_ess
         self.window, self.min_burn_in, self.max_rejections = window, min_burn_in, max_rejections
@@ -330,6 +354,13 @@ class SamplingControl(Control):
 
     def _burn(self, value: float) -> None:
         self.values.append(value)
+        if self.adapt and self._restart_outliers is not None:
+            restarted = self._restart_outliers()
+            if restarted:
+                self.restarted += restarted
+                # a restarted particle's jump is no move of the chain, and the window's
+                # values so far are the outlier's (V ~ 1e117 would hide any later trend)
+                self.last, self.values = None, []
         particles, drift = self._particles()
         self.recent = [*self.recent[-(BURN_IN_KEPT - 1) :], np.array(particles)]
         window_ends = len(self.values) == self.window
@@ -412,6 +443,7 @@ class SamplingControl(Control):
         if self.trace["bandwidth"]:
             out["bandwidth_used"] = self.trace["bandwidth"][-1]
         out |= {"n_draws": len(self.kept()), "target_ess_used": self.target_ess}
+        out |= {"restarted_in_burn_in": self.restarted}
         out |= {"ess": self.ess, "rhat": self.rhat}
         return out | {"rhat_excess": self.rhat_excess}
 

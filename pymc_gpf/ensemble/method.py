@@ -21,6 +21,7 @@ from pymc_gpf.ensemble.control import (
     RIDGE,
     SamplingControl,
     accuracy_ess,
+    outlying,
 )
 from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
@@ -346,12 +347,30 @@ class Ensemble(FlowInference):
             ),
             set_rate=self.set_step_size,
             preconditioner=self.approx.preconditioner if self._preconditioned(options) else None,
+            restart_outliers=self._restart_outliers,
             minibatch_fraction=self.target.minibatch_fraction,
             rate=rate,
             adapt=auto,
             thin=self.config.thin,
             target_ess=self._target_ess(),
         )
+
+    def _restart_outliers(self) -> int:
+        """Burn-in: particles far above the others in ``V`` (:func:`outlying`) take the state
+        (position, ``log p``, drift) of the best ones, the worst from the best; their
+        number."""
+        state = self.approx.state
+        logp = state.logp.get_value()
+        far = outlying(-logp)
+        if not far.any() or far.all():
+            return 0
+        best = np.argsort(-logp)[: int(far.sum())]
+        worst = np.flatnonzero(far)[np.argsort(logp[far])]
+        for shared in (state.particles, state.logp, state.drift):
+            values = shared.get_value()
+            values[worst] = values[best]
+            shared.set_value(values)
+        return len(worst)
 
     def _target_ess(self) -> int:
         """``"auto"``: :func:`~pymc_gpf.ensemble.control.accuracy_ess` of ``D``; on

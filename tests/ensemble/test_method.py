@@ -253,3 +253,38 @@ def test_the_automatic_target_ess_bounds_the_largest_error_of_the_means(ndim):
 
     assert 0.03 < misses(ess) < 0.06
     assert misses(ess // 5) > 0.3
+
+
+def test_particles_started_where_the_density_explodes_restart_during_burn_in():
+    """A wall ``log p(x) = log N(x; 0, 1) - exp(exp(2 (x - 3)))`` and a bad initial value,
+    3.5: of the automatic start (the initial point plus unit noise), a particle at x ~ 5
+    sees V ~ 1e23 and a curvature that alone would set the step size of all to ~ 1e-25
+    (an ARMA's non-invertible region does the same). It restarts from the best particle's
+    state during burn-in (:func:`control.outlying`), and the draws' mean and sd match the
+    density's, by quadrature, to within their Monte Carlo error."""
+    with pm.Model() as model:
+        x = pm.Normal("x", 0.0, 1.0, initval=3.5)
+        pm.Potential("wall", -pt.exp(pt.exp(2.0 * (x - 3.0))))
+    with model:
+        approx = pm.fit(method="ensemble", random_seed=2, progressbar=False)
+    settings = approx.inference.settings()
+    assert approx.outcome.converged, approx.outcome.message
+    assert settings["restarted_in_burn_in"] > 0
+    grid = np.linspace(-8.0, 4.0, 200_001)
+    density = np.exp(-(grid**2) / 2 - np.exp(np.exp(2.0 * (grid - 3.0))))
+    density /= density.sum()
+    mean = np.sum(grid * density)
+    sd = np.sqrt(np.sum((grid - mean) ** 2 * density))
+    draws = approx.draws[..., 0]
+    # 4 Monte Carlo standard errors at the ESS reached, plus the unadjusted scheme's 5 %
+    error = 4.0 / np.sqrt(settings["ess"])
+    assert abs(draws.mean() - mean) < (error + 0.05) * sd
+    assert abs(draws.std() / sd - 1) < 2 * error + 0.05
+
+
+def test_only_particles_far_above_the_others_are_outliers():
+    chains = np.random.default_rng(0).chisquare(25, 40) / 2  # V at the posterior's spread
+    assert not control.outlying(chains).any()
+    assert not control.outlying(np.r_[chains, chains.min() + 5.0]).any()  # a minor mode
+    far = control.outlying(np.r_[chains, 1e117, np.inf, np.nan])
+    assert far[-3:].all() and not far[:-3].any()
