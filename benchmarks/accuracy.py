@@ -1,10 +1,8 @@
-"""Accuracy at defaults against ground truth: reference, hard, minibatch and type2 sections.
+"""Accuracy at defaults against ground truth: the reference, hard, minibatch and type2 sections.
 
-Every method runs as a user runs it (ours with no argument stop by themselves; PyMC's at its
-defaults; pymc-extras' DADVI and Pathfinder at theirs; NUTS) and is scored against a posterior
-known from outside: posteriordb / inference-gym draws, long cached NUTS runs, closed forms.
-The exact Gaussian-VI optimum (``optimum.py``) tells a limit of the Gaussian family apart from
-a failure of a fit.
+Every method runs as a user runs it and is scored against a posterior known from outside
+(posteriordb / inference-gym draws, long cached NUTS runs, closed forms); the exact Gaussian-VI
+optimum (``optimum.py``) tells a limit of the Gaussian family apart from a failure of a fit.
 """
 
 from __future__ import annotations
@@ -14,13 +12,27 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
 
-from benchmarks import anchors, cases, harness
+import pymc_gpf
+
+from benchmarks import anchors, cases, harness, optimum
 from benchmarks.harness import Method, cell, fmt, md_table, pct
 
 GOOD = 0.1  # accurate: max |ε_μ| < 0.1 sd and max |ε_σ| < 10 %
 OPTIMUM = "exact Gaussian-VI optimum"
 NAN = float("nan")
+METRICS = {  # CSV metric: (Row field, unit)
+    "steps": ("steps", "steps"), "grad_evals": ("grads", "gradients"),
+    "density_evals": ("densities", "log densities"), "seconds": ("seconds", "s"),
+    "max_abs_eps_mean": ("max_mean", "ref sd"), "max_abs_eps_sd": ("max_sd", "fraction"),
+    "sliced_w2": ("wasserstein", "ref sd"), "grads_to_accurate": ("grads_to_accurate", "gradients"),
+    "pareto_khat": ("khat", ""), "free_energy_gap": ("gap", "nats"), "silent": ("silent", ""),
+    "psis_max_abs_eps_mean": ("psis_mean", "ref sd"),
+    "psis_max_abs_eps_sd": ("psis_sd", "fraction"), "check_seconds": ("check_seconds", "s"),
+}  # fmt: skip
 
 
 @dataclass
@@ -37,7 +49,8 @@ class Row:
     khat: float = NAN
     gap: float = NAN
     check_seconds: float = NAN
-    psis: tuple[float, float] = (NAN, NAN)
+    psis_mean: float = NAN
+    psis_sd: float = NAN
     stop: str = ""
     verdict: str = ""
     warned: bool | None = None  # None: the method has no warnings to give
@@ -46,21 +59,19 @@ class Row:
     accurate = property(lambda self: bool(self.max_mean < GOOD and self.max_sd < GOOD))
     silent = property(lambda self: not self.accurate and not self.warned and self.label != OPTIMUM)
 
-    def metrics(self, names: str, silent_optimum: float = 0.0) -> list[tuple[str, float, str]]:
-        """``(metric, value, unit)`` of the CSV for the space-separated ``names``."""
-        silent = silent_optimum if self.label == OPTIMUM else float(self.silent)
-        values = {"steps": (self.steps, "steps"), "grad_evals": (self.grads, "gradients"),
-                  "density_evals": (self.densities, "log densities"),
-                  "seconds": (self.seconds, "s"),
-                  "max_abs_eps_mean": (self.max_mean, "ref sd"),
-                  "max_abs_eps_sd": (self.max_sd, "fraction"),
-                  "sliced_w2": (self.wasserstein, "ref sd"),
-                  "grads_to_accurate": (self.grads_to_accurate, "gradients"),
-                  "pareto_khat": (self.khat, ""), "free_energy_gap": (self.gap, "nats"),
-                  "silent": (silent, ""), "psis_max_abs_eps_mean": (self.psis[0], "ref sd"),
-                  "psis_max_abs_eps_sd": (self.psis[1], "fraction"),
-                  "check_seconds": (self.check_seconds, "s")}  # fmt: skip
-        return [(name, *values[name]) for name in names.split()]
+    def record(self, ctx, case: str, names: str, silent_optimum: float, note: str) -> None:
+        """The CSV numbers ``names`` (space-separated) of this row."""
+        for name in names.split():
+            field, unit = METRICS[name]
+            value = getattr(self, field)
+            if name == "silent":
+                value = silent_optimum if self.label == OPTIMUM else float(value)
+            ctx.record(case, self.label, name, value, unit, note)
+
+    def fit_outcome(self, fit: harness.Fit) -> Row:
+        self.stop, self.verdict, self.warned = fit.stop, fit.verdict, fit.warned
+        self.check_seconds, self.khat = fit.check_seconds, fit.khat
+        return self
 
 
 def scored(label: str, errors: tuple, *args, **kwargs) -> Row:
@@ -68,16 +79,41 @@ def scored(label: str, errors: tuple, *args, **kwargs) -> Row:
     return Row(label, *errors[:2], *args, **kwargs, wasserstein=(*errors[2:], NAN)[0])
 
 
-def sample(approx, draws: int, seed: int, **kwargs) -> dict[str, np.ndarray]:
+def sample(approx, draws: int | None, seed: int | None, **kwargs) -> dict[str, np.ndarray]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return approx.sample(draws, random_seed=seed, return_inferencedata=False, **kwargs)
 
 
-def verdict_of(row: Row, fit: harness.Fit) -> Row:
-    row.stop, row.verdict, row.warned = fit.stop, fit.verdict, fit.warned
-    row.check_seconds, row.khat = fit.check_seconds, fit.khat
-    return row
+def anchor_row(label: str, out: anchors.AnchorResult, errors) -> Row:
+    """DADVI or Pathfinder with draws; ``warned``: Pathfinder's reported k̂ of 0.7 or more."""
+    warned = out.pareto_k is not None and bool(np.isfinite(out.pareto_k)) and out.pareto_k >= 0.7
+    return scored(label, errors(out.draws), out.wall_time, out.grad_evals, NAN, out.logp_evals,
+                  warned=warned)  # fmt: skip
+
+
+def optimum_row(model, errors, draws: int, **kwargs) -> Row:
+    opt = optimum.gaussian_optimum(model, draws=draws, **kwargs)
+    values = optimum.constrained_draws(model, opt, 10_000, seed=1)
+    note = f"ELBO {opt.elbo:.3f} ± {opt.elbo_mcse:.3f}; seed-to-seed {opt.agreement:.1g}"
+    return scored(OPTIMUM, errors(values), opt.wall_time, opt.grad_evals, NAN, 0, note=note)
+
+
+def summary(results: list[list[Row]]) -> dict[str, dict]:
+    """Per method over the cases (``results[case][0]`` the optimum): its rows and the counts
+    accurate, accurate where the optimum is, silent, accurate when trustworthy."""
+    reachable = [rows for rows in results if rows[0].accurate]
+    out = {}
+    for label in [r.label for r in results[0][1:]]:
+        rs = [next(r for r in rows if r.label == label) for rows in results]
+        trusted = [r for r in rs if r.verdict == "trustworthy"]
+        where = sum(next(r for r in rows if r.label == label).accurate for rows in reachable)
+        out[label] = {"rows": rs, "accurate": f"{sum(r.accurate for r in rs)}/{len(rs)}",
+                      "reachable": f"{where}/{len(reachable)}",
+                      "silent": str(sum(r.silent for r in rs)),
+                      "trusted": f"{sum(r.accurate for r in trusted)}/{len(trusted)}"
+                      if trusted else "—"}  # fmt: skip
+    return out
 
 
 # ------------------------------------------------------------------------------ reference
@@ -113,9 +149,7 @@ def reference_errors(case: cases.ReferenceCase, values) -> tuple[float, float, f
 
 def fit_reference(case: cases.ReferenceCase, method: Method, seed: int = 1) -> Row:
     """One of ours or PyMC's VI run to its own end (ours stop by themselves; PyMC: 10 000)."""
-    import pymc_gpf
-
-    constrained = pymc_gpf.BatchedTarget(case.model).compile_constrained(backend=harness.backend())
+    constrained = pymc_gpf.BatchedTarget(case.model).compile_constrained(backend=harness.BACKEND)
 
     def check(approx) -> dict[str, float]:
         values = constrained(harness.flat_sample(approx, 2_000, seed))
@@ -143,26 +177,11 @@ def fit_reference(case: cases.ReferenceCase, method: Method, seed: int = 1) -> R
     row.khat = outcome.checks.get("pareto_k", NAN) if outcome is not None else NAN
     try:
         row.gap = pymc_gpf.diagnose(run.approx, 16_384, random_seed=seed).free_energy_gap
-        row.psis = reference_errors(case, sample(run.approx, 10_000, seed, psis=True))[:2]
+        row.psis_mean, row.psis_sd, _ = reference_errors(
+            case, sample(run.approx, 10_000, seed, psis=True))  # fmt: skip
     except (FloatingPointError, ValueError, RuntimeError) as err:
         row.note += f" diagnose: {str(err)[:60]}"
     return row
-
-
-def anchor_row(label: str, out: anchors.AnchorResult, errors) -> Row:
-    """DADVI or Pathfinder with draws; ``warned``: Pathfinder's reported k̂ of 0.7 or more."""
-    warned = out.pareto_k is not None and bool(np.isfinite(out.pareto_k)) and out.pareto_k >= 0.7
-    return scored(label, errors(out.draws), out.wall_time, out.grad_evals, NAN,
-                  out.logp_evals + out.logp_evals_final, warned=warned)  # fmt: skip
-
-
-def optimum_row(model, errors, draws: int, **kwargs) -> Row:
-    from benchmarks import optimum
-
-    opt = optimum.gaussian_optimum(model, draws=draws, **kwargs)
-    values = optimum.constrained_draws(model, opt, 10_000, seed=1)
-    note = f"ELBO {opt.elbo:.3f} ± {opt.elbo_mcse:.3f}; seed-to-seed {opt.agreement:.1g}"
-    return scored(OPTIMUM, errors(values), opt.wall_time, opt.grad_evals, NAN, 0, note=note)
 
 
 def reference(ctx) -> str:
@@ -173,8 +192,8 @@ def reference(ctx) -> str:
     for case in chosen:
         errors = lambda values, case=case: reference_errors(case, values)  # noqa: E731
         print(f"   {case.name}: Gaussian-VI optimum", flush=True)
-        draws = ctx.pick(2**12, 2**16)
-        rows = results[case.name] = [optimum_row(case.model, errors, draws, seed=0)]
+        rows = results[case.name] = [optimum_row(case.model, errors, ctx.pick(2**12, 2**16),
+                                                 seed=0)]  # fmt: skip
         for method in harness.select(REFERENCE_METHODS, labels):
             print(f"   {case.name}: {method.label}", flush=True)
             rows.append(fit_reference(case, method))
@@ -198,22 +217,34 @@ def reference(ctx) -> str:
             rows.append(scored(NUTS_LABEL, errors(run.values), run.seconds, run.grads, 2000, 0,
                                warned=run.divergences > 0, note=note))  # fmt: skip
         for r in rows:
-            metrics = r.metrics(
-                "steps grad_evals density_evals seconds max_abs_eps_mean "
-                "max_abs_eps_sd sliced_w2 grads_to_accurate pareto_khat "
-                "free_energy_gap silent psis_max_abs_eps_mean psis_max_abs_eps_sd"
-            )
-            ctx.record_many(case.name, r.label, metrics,
-                            " ".join(x for x in (r.stop, r.verdict, r.note) if x))  # fmt: skip
-    parts = [ctx.text("reference"), "### Summary", reference_summary(chosen, results)]
+            r.record(ctx, case.name, "steps grad_evals density_evals seconds max_abs_eps_mean "
+                     "max_abs_eps_sd sliced_w2 grads_to_accurate pareto_khat free_energy_gap "
+                     "silent psis_max_abs_eps_mean psis_max_abs_eps_sd", 0.0,
+                     " ".join(x for x in (r.stop, r.verdict, r.note) if x))  # fmt: skip
+    nuts = {c.name: next((r.grads for r in results[c.name] if r.label == NUTS_LABEL), NAN)
+            for c in chosen}  # fmt: skip
+    body = []
+    for label, s in summary(list(results.values())).items():
+        ratios = [r.grads / n for r, n in zip(s["rows"], nuts.values(), strict=True)
+                  if np.isfinite(n)]  # fmt: skip
+        stopped = [r for r in s["rows"] if r.stop]
+        body.append([label, s["accurate"], s["reachable"],
+                     fmt(np.nanmedian([r.max_mean for r in s["rows"]]), 2),
+                     f"{fmt(100 * np.nanmedian([r.max_sd for r in s["rows"]]), 2)} %",
+                     fmt(np.nanmedian(ratios), 2) if ratios else "—",
+                     f"{sum(r.stop in ('converged', 'overfitting') for r in stopped)}/{len(chosen)}"
+                     if stopped else "—", s["silent"], s["trusted"]])  # fmt: skip
+    parts = [ctx.text("reference"), "### Summary", md_table(
+        "method | accurate | accurate where the Gaussian optimum is | median max abs ε_μ | median "
+        "max abs ε_σ | median grad evals / NUTS's | stopped by itself | silent failures | accurate "
+        "when trustworthy", body)]  # fmt: skip
     for c in chosen:
-        nuts = next((r.grads for r in results[c.name] if r.label == NUTS_LABEL), NAN)
         body = [[r.label, fmt(r.max_mean, 2), pct(r.max_sd), fmt(r.wasserstein, 2), fmt(r.grads, 3),
-                 fmt(r.grads / nuts, 2) if np.isfinite(nuts) and r.label != OPTIMUM else "",
-                 cell(r.grads_to_accurate), fmt(r.densities, 3) if r.densities else "",
+                 fmt(r.grads / nuts[c.name], 2) if np.isfinite(nuts[c.name]) and r.label != OPTIMUM
+                 else "", cell(r.grads_to_accurate), fmt(r.densities, 3) if r.densities else "",
                  fmt(r.steps, 3), fmt(r.seconds, 3), r.stop, r.verdict,
-                 "**SILENT**" if r.silent else "", cell(r.khat, 2), cell(r.psis[0], 2),
-                 pct(r.psis[1], blank=""), cell(r.gap, 2), r.note.strip()]
+                 "**SILENT**" if r.silent else "", cell(r.khat, 2), cell(r.psis_mean, 2),
+                 pct(r.psis_sd, blank=""), cell(r.gap, 2), r.note.strip()]
                 for r in results[c.name]]  # fmt: skip
         parts += [f"### {c.title}\n\n{c.notes}; D = {len(c.parameters)} reference parameters; "
                   f"{c.source}.", md_table(
@@ -221,32 +252,6 @@ def reference(ctx) -> str:
             "accurate | log p only | steps | wall (s) | stop | verdict | silent | k̂ | PSIS ε_μ | "
             "PSIS ε_σ | −ELBO − F | note", body)]  # fmt: skip
     return "\n\n".join(parts)
-
-
-def reference_summary(chosen, results) -> str:
-    reachable = [c for c in chosen if results[c.name][0].accurate]
-    rows = []
-    for label in [r.label for r in results[chosen[0].name][1:]]:
-        per_case = {c.name: next(r for r in results[c.name] if r.label == label) for c in chosen}
-        rs = list(per_case.values())
-        nuts = {c.name: next((r.grads for r in results[c.name] if r.label == NUTS_LABEL), NAN)
-                for c in chosen}  # fmt: skip
-        ratios = [per_case[c].grads / n for c, n in nuts.items() if np.isfinite(n)]
-        stopped, trusted = [r for r in rs if r.stop], [r for r in rs if r.verdict == "trustworthy"]
-        rows.append([
-            label, f"{sum(r.accurate for r in rs)}/{len(chosen)}",
-            f"{sum(per_case[c.name].accurate for c in reachable)}/{len(reachable)}",
-            fmt(np.nanmedian([r.max_mean for r in rs]), 2),
-            f"{fmt(100 * np.nanmedian([r.max_sd for r in rs]), 2)} %",
-            fmt(np.nanmedian(ratios), 2) if ratios else "—",
-            f"{sum(r.stop in ('converged', 'overfitting') for r in stopped)}/{len(chosen)}"
-            if stopped else "—",
-            str(sum(r.silent for r in rs)),
-            f"{sum(r.accurate for r in trusted)}/{len(trusted)}" if trusted else "—",
-        ])  # fmt: skip
-    return md_table("method | accurate | accurate where the Gaussian optimum is | median max abs "
-                    "ε_μ | median max abs ε_σ | median grad evals / NUTS's | stopped by itself | "
-                    "silent failures | accurate when trustworthy", rows)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------- hard
@@ -269,14 +274,14 @@ def fit_hard(case: cases.HardCase, label: str, errors) -> Row:
             values = {k: v.reshape(-1, *v.shape[2:]) for k, v in values.items()}
         else:
             values = sample(fit.approx, 10_000, 2)
-        row = verdict_of(scored(label, errors(values), fit.seconds, fit.grads, fit.steps), fit)
+        row = scored(label, errors(values), fit.seconds, fit.grads, fit.steps).fit_outcome(fit)
         if method != "ensemble":
-            row.psis = errors(sample(fit.approx, 10_000, 3, psis=True))
+            row.psis_mean, row.psis_sd = errors(sample(fit.approx, 10_000, 3, psis=True))
         return row
     if label.startswith("ADVI"):
         fit = harness.fit_defaults("advi", model, backend=None)
         row = scored(label, errors(sample(fit.approx, 10_000, 2)), fit.seconds, 10_000, 10_000)
-        return verdict_of(row, fit)
+        return row.fit_outcome(fit)
     if label.startswith("Pathfinder"):
         out = anchors.run_pathfinder(model, random_seed=1)
         if not out.draws:
@@ -292,7 +297,7 @@ def hard(ctx) -> str:
     names = ctx.pick(("unscaled_interaction",), tuple(cases.HARD))
     labels = ctx.pick(("GPF", "GF"), (*HARD_OURS, "ADVI (PyMC)", "Pathfinder (pymc-extras)",
                                        "NUTS (PyMC)"))  # fmt: skip
-    tables, summary = [], {}
+    tables, results = [], []
     for name in names:
         case, ref = cases.HARD[name], cases.hard_reference(name)
 
@@ -310,19 +315,15 @@ def hard(ctx) -> str:
         for label in labels:
             print(f"   {name}: {label}", flush=True)
             rows.append(fit_hard(case, label, errors))
+        results.append(rows)
         for r in rows:
-            summary.setdefault(r.label, []).append(r)
-            metrics = r.metrics(
-                "max_abs_eps_mean max_abs_eps_sd seconds grad_evals silent "
-                "psis_max_abs_eps_mean psis_max_abs_eps_sd check_seconds "
-                "pareto_khat",
-                silent_optimum=NAN,
-            )
-            ctx.record_many(name, r.label, metrics, f"{r.stop} {r.verdict} {r.note}".strip())
+            r.record(ctx, name, "max_abs_eps_mean max_abs_eps_sd seconds grad_evals silent "
+                     "psis_max_abs_eps_mean psis_max_abs_eps_sd check_seconds pareto_khat", NAN,
+                     f"{r.stop} {r.verdict} {r.note}".strip())  # fmt: skip
         body = [[r.label, fmt(r.max_mean, 2), pct(r.max_sd),
                  "" if r.label == OPTIMUM else ("yes" if r.accurate else "no"), r.verdict,
                  "" if r.label == OPTIMUM or r.warned is None else ("yes" if r.warned else "no"),
-                 "**SILENT**" if r.silent else "", cell(r.psis[0], 2), pct(r.psis[1], blank=""),
+                 "**SILENT**" if r.silent else "", cell(r.psis_mean, 2), pct(r.psis_sd, blank=""),
                  cell(r.khat, 2), fmt(r.grads, 3), fmt(r.seconds, 3), cell(r.check_seconds, 2),
                  r.stop, r.note] for r in rows]  # fmt: skip
         info = ref["info"]
@@ -333,27 +334,19 @@ def hard(ctx) -> str:
                 "method | max abs ε_μ | max abs ε_σ | accurate | verdict | warned | silent | "
                 "PSIS ε_μ | PSIS ε_σ | k̂ | grad evals | wall (s) | check (s) | stop | note",
                 body))  # fmt: skip
-    reachable = [i for i, r in enumerate(summary.get(OPTIMUM, [])) if r.accurate]
-    body = []
-    for label, rs in summary.items():
-        trusted = [r for r in rs if r.verdict == "trustworthy"]
-        if label != OPTIMUM:
-            body.append([label, f"{sum(r.accurate for r in rs)}/{len(rs)}",
-                         f"{sum(rs[i].accurate for i in reachable)}/{len(reachable)}",
-                         f"{sum(r.silent for r in rs)}",
-                         f"{sum(r.accurate for r in trusted)}/{len(trusted)}" if trusted else "—",
-                         fmt(float(np.nanmedian([r.seconds for r in rs])), 3)])  # fmt: skip
+    body = [[label, s["accurate"], s["reachable"], s["silent"], s["trusted"],
+             fmt(float(np.nanmedian([r.seconds for r in s["rows"]])), 3)]
+            for label, s in summary(results).items()]  # fmt: skip
     table = md_table("method | accurate | accurate where the Gaussian optimum is | silent "
                      "failures | accurate when trustworthy | median wall (s)", body)  # fmt: skip
+    reachable = sum(rows[0].accurate for rows in results)
     table += (f"\n\n{len(names)} posteriors; the exact Gaussian-VI optimum is accurate on "
-              f"{len(reachable)}.")  # fmt: skip
+              f"{reachable}.")  # fmt: skip
     return "\n\n".join([ctx.text("hard"), "### Summary", table, *tables])
 
 
 # ------------------------------------------------------------------------------ minibatch
 def minibatch(ctx) -> str:
-    import pymc as pm
-
     n = ctx.pick(2_000, 20_000)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(n, 5))
@@ -407,10 +400,6 @@ def gp_case(n: int, seed: int = 1):
                              options={"xatol": 1e-10, "fatol": 1e-12, "maxiter": 5000})  # fmt: skip
 
     def build():
-        import pymc as pm
-        import pytensor
-        import pytensor.tensor as pt
-
         log_ell, log_eta = pytensor.shared(0.0, "log_ell"), pytensor.shared(0.0, "log_eta")
         with pm.Model() as model:
             cov = pt.exp(2 * log_eta) * pt.exp(-d2 / (2 * pt.exp(2 * log_ell)))
@@ -427,10 +416,6 @@ def hierarchy_case(groups: int, seed: int = 4):
     sigma2 = float(np.mean(y**2) - 1)
 
     def build():
-        import pymc as pm
-        import pytensor
-        import pytensor.tensor as pt
-
         log_sigma = pytensor.shared(0.0, "log_sigma")
         with pm.Model() as model:
             pm.Normal("y", pm.Normal("w", 0, pt.exp(log_sigma), shape=groups), 1.0, observed=y)
@@ -444,23 +429,22 @@ def type2(ctx) -> str:
     chosen = [(f"GP n={n}", *gp_case(n)) for n in ctx.pick((30,), (30, 200))]
     chosen += [(f"hierarchical J={j}", *hierarchy_case(j)) for j in ctx.pick((), (50,))]
     rows = []
-    for case, build, optimum, neg_log_marginal in chosen:
+    for case, build, best, neg_log_marginal in chosen:
         for method in ctx.pick(("gpf",), ("gpf", "gf", "wvgd", "advi")):
             print(f"   {case}: {method}", flush=True)
             model, params = build()
             trace = []  # PyMC's ADVI: θ each step through a callback; ours keep hyper_trace
             options = {"more_obj_params": params}
             if method == "advi":
-                values = [p.get_value for p in params]
-                read = [lambda *_, v=values, t=trace: t.append([float(f()) for f in v])]
-                options["callbacks"] = read
+                read = lambda *_, t=trace, ps=params: t.append([float(p.get_value()) for p in ps])  # noqa: E731
+                options["callbacks"] = [read]
             fit = harness.fit_defaults(method, model, **options)
             trace = fit.approx.inference.hyper_trace if method != "advi" else trace
             trace = np.exp(np.asarray(trace, dtype=float))
             learnt = np.exp([float(p.get_value()) for p in params])
-            error = float(np.max(np.abs(learnt / optimum - 1)))
+            error = float(np.max(np.abs(learnt / best - 1)))
             gap = float(fit.approx.hist[-1]) - neg_log_marginal
-            off = np.any(np.abs(trace / optimum - 1) > 1e-3, axis=1) if len(trace) else [True]
+            off = np.any(np.abs(trace / best - 1) > 1e-3, axis=1) if len(trace) else [True]
             last_off = np.nonzero(off)[0]
             to = NAN if off[-1] else float(last_off[-1] + 2 if len(last_off) else 1)
             warned = fit.warned and method != "advi"  # PyMC's ADVI gives no FitWarning

@@ -1,17 +1,13 @@
-"""pymc-extras' DADVI and Pathfinder at their defaults, with what they evaluated counted.
+"""pymc-extras' DADVI and Pathfinder at their defaults (``fit_dadvi`` / ``fit_pathfinder(model,
+random_seed=..., progressbar=False)``), with what they evaluated counted by wrapping the compiled
+functions (``unittest.mock.patch`` on the names pymc-extras looks up).
 
-``run_dadvi`` calls ``fit_dadvi(model, random_seed=..., progressbar=False)`` (mean-field
-Gaussian, ``n_fixed_draws = 30`` fixed draws, scipy's ``trust-ncg``): every call of its fused
-objective is 30 log-density gradients and every Hessian-vector-product call 30 products,
-counted by wrapping the compiled functions (``unittest.mock.patch`` on the names pymc-extras
-looks up). The count includes better_optimize's probing call and the Hessian-vector product it
-spends on a progress display per objective evaluation, even with ``progressbar=False``.
-
-``run_pathfinder`` calls ``fit_pathfinder(model, random_seed=..., progressbar=False)`` (4 L-BFGS
-paths in worker processes): ``grad_evals`` are the calls of the L-BFGS ``(x) -> (-logp, -dlogp)``
-over paths and retries, ``logp_evals`` the ELBO draws' log densities (10 per accepted step),
-``logp_evals_final`` the final draws' (1000 per path). Each worker writes its path's counts to
-a temporary file that the parent sums. Any exception becomes ``status = "error: ..."``.
+DADVI (mean-field Gaussian, ``n_fixed_draws = 30`` fixed draws, scipy's ``trust-ncg``): every
+call of its fused objective is 30 gradients, every Hessian-vector-product call 30 products
+(better_optimize's probing call and the product it spends on a progress display included).
+Pathfinder (4 L-BFGS paths in worker processes, each writing its counts to a file the parent
+sums): ``grad_evals`` the calls of the L-BFGS ``(x) -> (-logp, -dlogp)``, ``logp_evals`` the
+log densities of the ELBO draws and of the final draws. An exception becomes ``status``.
 """
 
 from __future__ import annotations
@@ -37,7 +33,6 @@ class AnchorResult:
     grad_evals: int = 0
     hvp_evals: int = 0
     logp_evals: int = 0
-    logp_evals_final: int = 0
     pareto_k: float | None = None
     status: str = "ok"
 
@@ -61,17 +56,19 @@ def _draws(idata) -> dict[str, np.ndarray]:
     return {k: v.reshape(-1, *v.shape[2:]) for k, v in values.items()}
 
 
-def _run(fit, model, seed, patches) -> tuple:
+def _run(fit, model, seed, patches) -> tuple[object, AnchorResult]:
+    """``fit`` with ``patches`` applied: its InferenceData (None if it failed) and draws."""
     start = time.perf_counter()
     try:
         with ExitStack() as stack:
             for module, name, new in patches:
                 stack.enter_context(mock.patch.object(module, name, new))
             idata = fit(model, random_seed=seed, progressbar=False)
-        return idata, _draws(idata), time.perf_counter() - start
+        draws = _draws(idata)
     except Exception as err:
-        return None, {}, AnchorResult({}, time.perf_counter() - start,
-                                      status=f"error: {type(err).__name__}: {err}")  # fmt: skip
+        status = f"error: {type(err).__name__}: {err}"
+        return None, AnchorResult({}, time.perf_counter() - start, status=status)
+    return idata, AnchorResult(draws, time.perf_counter() - start)
 
 
 def run_dadvi(model, random_seed: int | None = None) -> AnchorResult:
@@ -88,21 +85,17 @@ def run_dadvi(model, random_seed: int | None = None) -> AnchorResult:
         return made[0], made[1]
 
     patches = [(module, "scipy_optimize_funcs_from_loss", counted_compile)]
-    idata, draws, wall = _run(fit_dadvi, model, random_seed, patches)
+    idata, result = _run(fit_dadvi, model, random_seed, patches)
     if idata is None:
-        return wall
+        return result
     opt = idata["optimizer_result"].to_dataset()
-    success = "success" not in opt or bool(opt["success"].values.item())
-    message = opt["message"].values.item() if "message" in opt else None
+    if "success" in opt and not bool(opt["success"].values.item()):
+        message = opt["message"].values.item() if "message" in opt else None
+        result.status = f"not converged: {message}"
     fused, hessp = made
-    hvp = 0 if hessp is None else n_fixed * hessp.calls
-    return AnchorResult(
-        draws,
-        wall,
-        n_fixed * fused.calls,
-        hvp,
-        status="ok" if success else f"not converged: {message}",
-    )
+    result.grad_evals = n_fixed * fused.calls
+    result.hvp_evals = 0 if hessp is None else n_fixed * hessp.calls
+    return result
 
 
 def run_pathfinder(model, random_seed: int | None = None) -> AnchorResult:
@@ -125,18 +118,14 @@ def run_pathfinder(model, random_seed: int | None = None) -> AnchorResult:
     with tempfile.TemporaryDirectory() as tmp:
 
         def counting_make_path(*args, **kwargs):
-            path_fn, n_elbo = make_path(*args, **kwargs), kwargs["num_elbo_draws"]
-            grad, sample = made["grad"], made["sample"]
+            path_fn, grad, sample = make_path(*args, **kwargs), made["grad"], made["sample"]
 
             def counted_path(seed, progress_callback=None):
                 calls, done = grad.calls, len(sample.rows)
                 try:
                     return path_fn(seed, progress_callback)
                 finally:  # in the worker process: this path's counts for the parent
-                    rows = sample.rows[done:]
-                    counts = {"grad": grad.calls - calls,
-                              "elbo": sum(r for r in rows if r == n_elbo),
-                              "final": sum(r for r in rows if r != n_elbo)}  # fmt: skip
+                    counts = {"grad": grad.calls - calls, "logp": sum(sample.rows[done:])}
                     (Path(tmp) / f"{os.getpid()}-{seed}.json").write_text(json.dumps(counts))
 
             return counted_path
@@ -144,11 +133,12 @@ def run_pathfinder(model, random_seed: int | None = None) -> AnchorResult:
         patches = [(single_path, "get_neg_logp_dlogp_of_ravel_inputs", counted_grad),
                    (single_path, "make_pathfinder_sample_fn", counted_sample),
                    (multipath, "make_single_pathfinder_fn", counting_make_path)]  # fmt: skip
-        idata, draws, wall = _run(fit_pathfinder, model, random_seed, patches)
+        idata, result = _run(fit_pathfinder, model, random_seed, patches)
         if idata is None:
-            return wall
+            return result
         paths = [json.loads(f.read_text()) for f in Path(tmp).glob("*.json")]
     pf = idata["pathfinder"].to_dataset()
-    khat = np.asarray(pf["pareto_k"]).tolist() if "pareto_k" in pf else None
-    total = {k: sum(p[k] for p in paths) for k in ("grad", "elbo", "final")}
-    return AnchorResult(draws, wall, total["grad"], 0, total["elbo"], total["final"], khat)
+    result.pareto_k = np.asarray(pf["pareto_k"]).tolist() if "pareto_k" in pf else None
+    result.grad_evals = sum(p["grad"] for p in paths)
+    result.logp_evals = sum(p["logp"] for p in paths)
+    return result

@@ -11,20 +11,67 @@
 from __future__ import annotations
 
 import csv
+import functools
 import gzip
 import itertools
 import json
 import time
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+
+import pymc_gpf
 
 DATA = Path(__file__).resolve().parent / "data"
 GERMAN_DIR = DATA.parent.parent / "examples" / "data"
 MAX_STEPS = 1_000_000  # step cap of the time-budgeted fits (the trace is preallocated)
+
+
+# ------------------------------------------------------------------------ speed models
+def gaussian_model(d: int, kappa: float):
+    """The GPF paper's N(μ, Σ) (log10 eigenvalues evenly from −1 to −1 + log10 κ, a random
+    rotation) as a flat prior plus a potential; and μ and the marginal sds."""
+    rng = np.random.default_rng(0)
+    rotation, _ = np.linalg.qr(rng.uniform(size=(d, d)))
+    mean, eigenvalues = rng.normal(size=d), 10 ** np.linspace(-1, -1 + np.log10(kappa), d)
+    with pm.Model() as model:
+        mu = pm.Data("mean", mean)
+        factor = pm.Data("precision_factor", rotation / np.sqrt(eigenvalues))
+        x = pm.Flat("x", shape=d)
+        pm.Potential("gaussian", -0.5 * pt.sum(pt.square(pt.dot(x - mu, factor))))
+    return model, mean, np.sqrt(np.diag((rotation * eigenvalues) @ rotation.T))
+
+
+def speed_model(spec: dict):
+    """``logistic``: n observations of d standard-normal features, N(0, 1) priors, no
+    intercept; ``gaussian``: :func:`gaussian_model` with κ = 10; ``german_credit``,
+    ``eight_schools``: the reference cases'; else N(μ, diag σ²) in d."""
+    if spec["kind"] == "logistic":  # speed's n = 2000, D = 50; scale's (d given) n = 1000
+        rng, (n, d) = np.random.default_rng(0), (1000, spec["d"]) if "d" in spec else (2000, 50)
+        x = rng.normal(size=(n, d))
+        if "d" in spec:  # scale's draws the labels' uniforms before the weights
+            u, w = rng.random(n), 0.3 * rng.normal(size=d)
+        else:
+            w, u = 0.3 * rng.normal(size=d), rng.random(n)
+        return logistic_model(x, u < 1 / (1 + np.exp(-x @ w)), 1.0, intercept=False,
+                              as_data=False)  # fmt: skip
+    if spec["kind"] == "gaussian":
+        return gaussian_model(spec["d"], 10.0)[0]
+    if spec["kind"] == "german_credit":
+        return german_credit_reference_model()
+    if spec["kind"] == "eight_schools":
+        return posteriordb_case("eight_schools-eight_schools_noncentered").model
+    rng = np.random.default_rng(spec["d"])
+    with pm.Model() as model:
+        pm.Normal("x", rng.normal(size=spec["d"]), np.exp(rng.normal(scale=0.5, size=spec["d"])),
+                  shape=spec["d"])  # fmt: skip
+    return model
 
 
 # ----------------------------------------------------------------- classification data
@@ -68,9 +115,6 @@ def random_splits(n: int, test_fraction: float, n_splits: int, seed: int) -> lis
 def logistic_model(x, y, prior_sd: float, *, intercept: bool = True, as_data: bool = True):
     """``y ~ Bernoulli(logit = x w + b)``, ``w, b ~ N(0, prior_sd)``; ``x``, ``y`` are
     ``pm.Data`` (``pm.set_data`` swaps in another split) unless ``as_data=False``."""
-    import pymc as pm
-    import pytensor.tensor as pt
-
     with pm.Model() as model:
         x_data, y_data = (pm.Data("x", x), pm.Data("y", y)) if as_data else (pt.as_tensor(x), y)
         logit = x_data @ pm.Normal("w", 0.0, prior_sd, shape=x.shape[1])
@@ -101,9 +145,6 @@ class BNN:
         """``N(0, prior_sd)`` weights ``W{l}`` and biases ``b{l}``; a categorical likelihood
         written with elementwise Ops (PyMC's ``Categorical`` indexes with ``arange``, which
         cannot be batched over particles); ``batch_size``: a ``pm.Minibatch`` of the rows."""
-        import pymc as pm
-        import pytensor.tensor as pt
-
         onehot = np.eye(self.classes)[y]
         with pm.Model() as model:
             if batch_size is None:
@@ -183,13 +224,10 @@ class ReferenceCase:
     ref_sd: np.ndarray
     ref_draws: np.ndarray | None = None
     notes: str = ""
-    _model: object = field(default=None, repr=False)
 
-    @property
+    @functools.cached_property
     def model(self):
-        if self._model is None:
-            self._model = self.build()
-        return self._model
+        return self.build()
 
     def columns(self, values: dict[str, np.ndarray]) -> np.ndarray:
         """Constrained draws ``{name: (S, *shape)}`` as the reference columns ``(S, P)``."""
@@ -216,8 +254,6 @@ def _reference(folder: Path, base: int = 1, draws: bool = True) -> dict:
 
 
 def _eight_schools(data: dict):
-    import pymc as pm
-
     with pm.Model() as model:
         theta_trans = pm.Normal("theta_trans", 0.0, 1.0, shape=data["J"])
         mu, tau = pm.Normal("mu", 0.0, 5.0), pm.HalfCauchy("tau", 5.0)
@@ -227,8 +263,6 @@ def _eight_schools(data: dict):
 
 
 def _ark(data: dict):
-    import pymc as pm
-
     y, k = np.array(data["y"], float), int(data["K"])
     lags = np.stack([y[k - j : len(y) - j] for j in range(1, k + 1)], axis=1)  # y[t - j]
     with pm.Model() as model:
@@ -238,8 +272,6 @@ def _ark(data: dict):
 
 
 def _flat_regression(x: np.ndarray, name: str, y: np.ndarray):
-    import pymc as pm
-
     with pm.Model() as model:
         beta, sigma = pm.Flat("beta", shape=x.shape[1]), pm.HalfFlat("sigma")
         pm.Normal(name, x @ beta, sigma, observed=y)
@@ -255,8 +287,6 @@ def _nes(data: dict):
 
 
 def _blr(data: dict):
-    import pymc as pm
-
     x, y = np.array(data["X"], float), np.array(data["y"], float)
     with pm.Model() as model:
         beta = pm.Normal("beta", 0.0, 10.0, shape=x.shape[1])
@@ -273,8 +303,6 @@ def _logmesquite(data: dict):
 
 def german_credit_reference_model():
     """inference-gym's target: standardised features and a constant-1 column, ``w ~ N(0, 1)``."""
-    import pymc as pm
-
     x, y = german_credit()
     x = np.hstack([(x - x.mean(axis=0)) / x.std(axis=0), np.ones((len(x), 1))])
     with pm.Model() as model:
@@ -312,9 +340,6 @@ def reference_cases() -> list[ReferenceCase]:
 
 # ------------------------------------------------------------------------ hard posteriors
 def unscaled_interaction():
-    """A kid-score-like regression: IQ-like predictor in the hundreds, 0/1 and interaction."""
-    import pymc as pm
-
     rng = np.random.default_rng(101)
     iq, hs = rng.normal(100.0, 15.0, 434), (rng.random(434) < 0.79).astype(float)
     y = -11.5 + 51.3 * hs + 0.97 * iq - 0.48 * hs * iq + rng.normal(0.0, 18.0, 434)
@@ -325,9 +350,6 @@ def unscaled_interaction():
 
 
 def unscaled_earnings():
-    """Earnings in dollars on height in inches and a 0/1 indicator: scales from 1 to 1e4."""
-    import pymc as pm
-
     rng = np.random.default_rng(202)
     male = (rng.random(1059) < 0.4).astype(float)
     height = rng.normal(64.5 + 5.0 * male, 3.0, 1059)
@@ -339,9 +361,6 @@ def unscaled_earnings():
 
 
 def radon_centred():
-    """85 counties of 1 to ~100 houses, a floor effect, centred county intercepts."""
-    import pymc as pm
-
     rng = np.random.default_rng(303)
     sizes = np.maximum(1, np.round(rng.lognormal(1.9, 1.0, 85))).astype(int)
     county = np.repeat(np.arange(85), sizes)
@@ -356,9 +375,6 @@ def radon_centred():
 
 
 def gp_poisson():
-    """A latent squared-exponential GP (length-scale, amplitude learnt), Poisson counts."""
-    import pymc as pm
-
     rng = np.random.default_rng(404)
     x = np.sort(rng.uniform(0.0, 10.0, 30))
     counts = rng.poisson(np.exp(1.0 + np.sin(x) * 0.9))
@@ -371,11 +387,6 @@ def gp_poisson():
 
 
 def garch11():
-    """GARCH(1,1), T = 300: σ²_t = ω + α r²_{t−1} + β σ²_{t−1}."""
-    import pymc as pm
-    import pytensor
-    import pytensor.tensor as pt
-
     rng, r = np.random.default_rng(505), np.zeros(300)
     var = 0.1 / (1 - 0.15 - 0.75)
     for i in range(300):
@@ -396,11 +407,6 @@ def garch11():
 
 
 def arma11():
-    """ARMA(1,1), T = 200: y_t = μ + φ y_{t−1} + θ e_{t−1} + e_t (posteriordb's form)."""
-    import pymc as pm
-    import pytensor
-    import pytensor.tensor as pt
-
     rng, y = np.random.default_rng(606), np.zeros(200)
     err_prev, y_prev = 0.0, 0.5 / (1 - 0.7)
     for i in range(200):
@@ -423,9 +429,6 @@ def arma11():
 
 
 def mixture():
-    """Two-component 1-D normal mixture, ordered means; the minor component 30 %."""
-    import pymc as pm
-
     rng = np.random.default_rng(707)
     minor = rng.random(200) < 0.3
     y = np.where(minor, rng.normal(-1.5, 0.8, 200), rng.normal(2.0, 1.0, 200))
@@ -438,9 +441,6 @@ def mixture():
 
 
 def random_walks():
-    """Three Gaussian random walks of length 100 observed with noise: D = 304."""
-    import pymc as pm
-
     rng = np.random.default_rng(808)
     walks = np.cumsum(rng.normal(0.0, np.array([0.1, 0.3, 0.2]), (100, 3)), axis=0)
     y = walks + rng.normal(0.0, 0.5, (100, 3))
@@ -510,8 +510,6 @@ def hard_reference(name: str, recompute: bool = False) -> dict:
 def _recompute(case: HardCase, path: Path) -> None:
     import arviz_stats  # noqa: F401  (the .azstats accessor)
     import nutpie
-
-    import pymc_gpf
 
     model, start = case.build(), time.perf_counter()
     idata = nutpie.sample(nutpie.compile_pymc_model(model), draws=5000, tune=2000, chains=4,

@@ -1,12 +1,11 @@
 """Methods × runner × readers: one way to fit any method, time it, count what it cost and read q.
 
-A :class:`Method` is a label and how to fit it (ours: GPF, GF, WVGD, the ensembles; PyMC's
-ADVI, FullRankADVI, SVGD). :func:`fit_method` runs one: the first ``fit(1)`` call
-(compilation included) timed apart, then ``refine`` while metrics are read at chosen steps,
-their cost excluded from the clock. :func:`fit_defaults` runs ``pm.fit(method=...)`` as a user
-does and :func:`nuts` PyMC's NUTS. The cost is read, not re-derived: ours count their own
-evaluations (the ``fit`` group's ``gradient_evaluations``), PyMC's VI evaluates ``obj_n_mc``
-points per step (SVGD: its particles), NUTS its leapfrog steps.
+A :class:`Method` is a label and how to fit it. :func:`fit_method` runs one (the first
+``fit(1)``, compilation included, timed apart; metrics read at chosen steps off the clock),
+:func:`fit_defaults` runs ``pm.fit(method=...)`` as a user does, :func:`nuts` PyMC's NUTS. The
+cost is read, not re-derived: ours count their own evaluations (the ``fit`` group's
+``gradient_evaluations``), PyMC's VI evaluates ``obj_n_mc`` points per step (SVGD: its
+particles), NUTS its leapfrog steps.
 """
 
 from __future__ import annotations
@@ -24,24 +23,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pymc as pm
+
+import pymc_gpf
 
 OURS = ("gpf", "gf", "wvgd", "ensemble")
-_BACKEND: dict[str, str | None] = {"name": None}
+CLASSES = {"gpf": pymc_gpf.GPF, "gf": pymc_gpf.GF, "wvgd": pymc_gpf.WVGD,
+           "ensemble": pymc_gpf.Ensemble, "advi": pm.ADVI, "fullrank_advi": pm.FullRankADVI,
+           "svgd": pm.SVGD}  # fmt: skip
+BACKEND: str | None = None  # PyTensor backend of the fits (None: PyMC's default), set per section
 
 
-def set_backend(name: str | None) -> None:
-    _BACKEND["name"] = name
-
-
-def backend() -> str | None:
-    return _BACKEND["name"]
-
-
-def backend_name(name: str | None = None) -> str:
+def backend_name(name: str | None) -> str:
     """``"c"``, or e.g. ``"numba (PyMC's default)"``."""
     from pytensor.compile.mode import get_default_mode
 
-    name = backend() if name is None else name
     linker = type(get_default_mode().linker).__name__.removesuffix("Linker").lower()
     return name or f"{linker} (PyMC's default)"
 
@@ -57,22 +53,13 @@ class Method:
     fit_kwargs: dict = field(default_factory=dict)
 
     def build(self, model, seed: int):
-        import pymc as pm
-
-        import pymc_gpf
-
         if self.method == "svgd":  # PyMC's Empirical jitters with NumPy's global generator
             np.random.seed(seed)  # noqa: NPY002
-        classes = {"gpf": pymc_gpf.GPF, "gf": pymc_gpf.GF, "wvgd": pymc_gpf.WVGD,
-                   "ensemble": pymc_gpf.Ensemble, "advi": pm.ADVI,
-                   "fullrank_advi": pm.FullRankADVI, "svgd": pm.SVGD}  # fmt: skip
-        return classes[self.method](model=model, random_seed=seed, **self.inf_kwargs)
+        return CLASSES[self.method](model=model, random_seed=seed, **self.inf_kwargs)
 
 
-def pymc_optimizer(name: str, learning_rate: float, **fit_kwargs) -> dict:
-    import pymc as pm
-
-    return {"obj_optimizer": getattr(pm, name)(learning_rate=learning_rate), **fit_kwargs}
+def pymc_optimizer(name: str, learning_rate: float) -> dict:
+    return {"obj_optimizer": getattr(pm, name)(learning_rate=learning_rate)}
 
 
 def select(methods: Iterable[Method], labels=None, start: dict | None = None) -> list[Method]:
@@ -88,9 +75,8 @@ def evaluations(inference, steps: int, obj_n_mc: int = 1) -> int:
     counted = getattr(inference, "gradient_evaluations", None)
     if counted is not None:  # ours: the fit group's count
         return int(counted)
-    approx = inference.approx
-    if hasattr(approx, "histogram"):  # SVGD: every particle, every step
-        return steps * int(approx.histogram.get_value().shape[0])
+    if hasattr(inference.approx, "histogram"):  # SVGD: every particle, every step
+        return steps * int(inference.approx.histogram.get_value().shape[0])
     return steps * obj_n_mc
 
 
@@ -147,7 +133,7 @@ def fit_method(method: Method, model, steps: int, seed: int = 1, *, check=None, 
     if check is not None:
         record()
         state["spent"] = 0.0
-    fit_kwargs, failure = {"backend": backend(), **method.fit_kwargs}, None
+    fit_kwargs, failure = {"backend": BACKEND, **method.fit_kwargs}, None
     start = time.perf_counter()
     try:
         with warnings.catch_warnings():
@@ -195,17 +181,12 @@ class Fit:
 def fit_defaults(method: str, model, seed: int = 1, **kwargs) -> Fit:
     """``pm.fit(method=method, model=model, ...)`` as a user runs it, warnings recorded (ours:
     a ``FitWarning``; PyMC's: any); the cost read off the fit (ADVI: one draw per step)."""
-    import pymc as pm
-
-    import pymc_gpf
-
-    kwargs.setdefault("backend", backend())
+    kwargs.setdefault("backend", BACKEND)
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         approx = pm.fit(method=method, model=model, random_seed=seed, progressbar=False, **kwargs)
-    seconds = time.perf_counter() - start
-    outcome = getattr(approx, "outcome", None)
+    seconds, outcome = time.perf_counter() - start, getattr(approx, "outcome", None)
     if outcome is None:
         warned = any(issubclass(w.category, UserWarning) for w in caught)
         return Fit(approx, seconds, warned, len(approx.hist), len(approx.hist))
@@ -226,8 +207,6 @@ class Nuts:
 
 def nuts(model, seed: int = 1, draws: int = 1000, tune: int = 1000, **kwargs) -> Nuts:
     """PyMC's NUTS, 2 chains on one core, warnings recorded."""
-    import pymc as pm
-
     kwargs = {"chains": 2, "cores": 1, "discard_tuned_samples": False, **kwargs}
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught, model:
@@ -249,8 +228,6 @@ def flat_sample(approx, draws: int, seed: int) -> np.ndarray:
     """``(S, D)`` points of any fitted q in flat unconstrained space, without compiling: draws
     of ours and of PyMC's Gaussians, SVGD's particles, a burning-in ensemble's particles; NaN
     rows if q cannot be sampled (a WVGD cell whose local Gaussian misses it)."""
-    import pymc_gpf
-
     rng = np.random.default_rng(seed)
     if isinstance(approx, pymc_gpf.approximation.FlowApproximation):
         try:
@@ -296,8 +273,7 @@ def time_per_call(call: Callable[[int], Any], target_seconds: float, repeats: in
     start = time.perf_counter()
     call(3)  # warm caches and any lazy JIT
     estimate = max((time.perf_counter() - start) / 3, 1e-6)
-    n = int(np.clip(target_seconds / estimate, 3, 100_000))
-    times = []
+    n, times = int(np.clip(target_seconds / estimate, 3, 100_000)), []
     for _ in range(repeats):
         start = time.perf_counter()
         call(n)
@@ -305,26 +281,19 @@ def time_per_call(call: Callable[[int], Any], target_seconds: float, repeats: in
     return float(np.median(times))
 
 
-def run_child(module: str, payload: dict, **env: str) -> dict:
-    """``python -m module child JSON`` in a fresh process with one BLAS thread and ``env``;
+def run_child(payload: dict, **env: str) -> dict:
+    """``python -m benchmarks.speed JSON`` in a fresh process with one BLAS thread and ``env``;
     its last stdout line is the JSON result (``{"error": ...}`` if it failed)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1", **env}  # fmt: skip
-    argv = [sys.executable, "-m", module, "child", json.dumps(payload)]
-    root = Path(__file__).resolve().parent.parent
-    proc = subprocess.run(argv, env=env, cwd=root, capture_output=True, text=True)
+    argv = [sys.executable, "-m", "benchmarks.speed", json.dumps(payload)]
+    proc = subprocess.run(argv, env=env, cwd=Path(__file__).resolve().parent.parent,
+                          capture_output=True, text=True)  # fmt: skip
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return {"error": f"exit {proc.returncode}: {tail[:300]}"}
     return json.loads(lines[-1])
-
-
-def child_main(child: Callable[[dict], dict]) -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "child":
-        print(json.dumps(child(json.loads(sys.argv[2]))))
-    else:
-        sys.exit("usage: python -m benchmarks.MODULE child JSON (run by the suite)")
 
 
 # --------------------------------------------------------------------------------- report
@@ -370,24 +339,21 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
-
-
-COLOURS = {"gpf": "C0", "gf": "C2", "wvgd": "C6", "ensemble": "C5", "advi": "C1",
-           "fullrank_advi": "C3", "svgd": "C4", "nuts": "k", "bare": "C7"}  # fmt: skip
+def save_figure(ctx, fig, stem: str, tight: bool = True) -> str:
+    """Save ``fig`` as the section's figure ``stem``; the markdown that shows it."""
+    path, markdown = ctx.figure(stem)
+    if tight:
+        fig.tight_layout()
+    fig.savefig(path, bbox_inches="tight" if tight else None)
+    pyplot().close(fig)
+    return markdown
 
 
 def colour(label: str) -> str:
     """The colour of a method's family, from its report label."""
     low = label.lower()
+    families = {"ensemble": "C5", "fullrankadvi": "C3", "advi": "C1", "gpf": "C0", "gf": "C2",
+                "wvgd": "C6", "svgd": "C4", "nuts": "k"}  # fmt: skip
     if "ensemble" in low:
-        return COLOURS["ensemble"]
-    for key in ("fullrankadvi", "advi", "gpf", "gf", "wvgd", "svgd", "nuts"):
-        if low.startswith(key):
-            return COLOURS["fullrank_advi" if key == "fullrankadvi" else key]
-    return COLOURS["bare"]
+        return families["ensemble"]
+    return next((c for key, c in families.items() if low.startswith(key)), "C7")

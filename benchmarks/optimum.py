@@ -1,19 +1,12 @@
 """The exact full-rank Gaussian variational optimum of a PyMC model: what no Gaussian VI can beat.
 
-``q* = N(m*, L* L*^T)`` on the flat unconstrained coordinates of ``BatchedTarget(model)``
-maximises ``ELBO(q) = E_q[log p] + H[q]``, computed only from the batched ``(logp, dlogp)``
-(independently of pymc-gpf's fitting code):
-
-1. the MAP ``m0`` (L-BFGS-B, restarted while it improves, polished by Newton steps) and
-   ``L0 = chol(H^-1)`` from the finite-difference Hessian there whiten the problem (or a given
-   starting Gaussian: a centred hierarchical model has no MAP);
-2. ``q = N(m0 + L0 a, (L0 B)(L0 B)^T)``, ``B`` lower triangular with a log diagonal, and a fixed
-   set of antithetic scrambled-Sobol normal draws make the ELBO deterministic; L-BFGS-B
-   maximises it from the Laplace approximation (``a = 0, B = I``) with its exact gradient;
-3. fresh i.i.d. draws give the ELBO and its Monte Carlo error, a second scrambling the
-   seed-to-seed agreement (largest difference of means in sds, of sds relative).
-
-``grad_evals`` counts every point where ``log p`` and its gradient were evaluated.
+``q* = N(m*, L* L*^T)`` on the flat coordinates of ``BatchedTarget(model)`` maximises the ELBO,
+computed only from the batched ``(logp, dlogp)``: the MAP (L-BFGS-B restarted while it improves,
+then Newton steps) and its finite-difference Laplace approximation whiten the problem (or a given
+Gaussian: a centred hierarchy has no MAP); fixed antithetic scrambled-Sobol draws make the ELBO
+of ``N(m0 + L0 a, (L0 B)(L0 B)^T)`` deterministic and L-BFGS-B maximises it with its exact
+gradient; fresh draws give the ELBO and its Monte Carlo error, a second scrambling the
+seed-to-seed agreement. ``grad_evals`` counts every point where log p and its gradient ran.
 """
 
 from __future__ import annotations
@@ -55,10 +48,10 @@ class _Counted:
 
 def _minimize(loss, x, restarts: int, **options):
     """L-BFGS-B restarted while it improves (a non-finite trial point ends a run early)."""
-    best, nit = np.inf, 0
+    best = np.inf
     for _ in range(restarts):
         res = optimize.minimize(loss, x, jac=True, method="L-BFGS-B", options=options)
-        x, nit, improved = res.x, nit + res.nit, best - res.fun > 1e-12 * max(1.0, abs(res.fun))
+        x, improved = res.x, best - res.fun > 1e-12 * max(1.0, abs(res.fun))
         best = min(best, res.fun)
         if not improved:
             break

@@ -1,6 +1,5 @@
 """The papers' real-data experiments: logistic regression (GPF paper Fig. 6), a Bayesian neural
 network on digits (Table 1), and WVGD's Lloyd–Max check and evidence bound (WVGD paper §10.2).
-
 Every method gets the same wall-clock budget of stepping (compilation excluded) and its test
 metrics are read along the fit (:func:`harness.fit_method`).
 """
@@ -8,8 +7,12 @@ metrics are read along the fit (:func:`harness.fit_method`).
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
+import pymc as pm
+
+import pymc_gpf
 
 from benchmarks import cases, harness
 from benchmarks.harness import Method, fmt, md_table
@@ -17,28 +20,56 @@ from benchmarks.harness import Method, fmt, md_table
 ADAM = {"optimizer": "adam", "learning_rate": 1e-2}
 RMS = {"optimizer": "rmsprop", "learning_rate": 1e-2}
 DIAGONAL = {"structure": "diagonal", "natural_mean": True}
+NLL, ACCURACY = ("test_nll", "nll", "nats/point"), ("test_accuracy", "accuracy", "fraction")
+CURVE_NLL = ("curve_test_nll", "nll", "nats/point")  # (CSV metric, key of the metrics, unit)
 
 
-def fit_budgeted(method: Method, model, target, metrics, seed: int, budget: float, per_decade: int,
+def fit_budgeted(method: Method, model, metrics, seed: int, budget: float, per_decade: int,
                  draws: int, final_draws: int, final_seed: int) -> harness.FitRun:  # fmt: skip
     """``method`` for ``budget`` seconds of stepping, ``metrics(draws)`` along the fit and at
     the end (``final``)."""
+    target = pymc_gpf.BatchedTarget(model)
 
-    def check(approx) -> dict[str, float]:
+    def measure(approx, draws: int, seed: int) -> dict[str, float]:
         return metrics(harness.split_flat(harness.flat_sample(approx, draws, seed), target))
 
-    run = harness.fit_method(method, model, cases.MAX_STEPS, seed + 1, check=check,
+    run = harness.fit_method(method, model, cases.MAX_STEPS, seed + 1,
+                             check=lambda approx: measure(approx, draws, seed),
                              check_at=harness.geometric_steps(cases.MAX_STEPS, per_decade),
                              max_seconds=budget)  # fmt: skip
-    run.final = metrics(harness.split_flat(harness.flat_sample(run.approx, final_draws, final_seed),
-                                           target))  # fmt: skip
+    run.final = measure(run.approx, final_draws, final_seed)
     return run
 
 
-def cost(run: harness.FitRun) -> list[tuple[str, float, str]]:
-    return [("steps", run.steps, "steps"), ("grad_evals", run.grads, "gradients"),
-            ("seconds", run.seconds, "s"),
-            ("first_call_seconds", run.first_call_seconds, "s")]  # fmt: skip
+def record_fit(ctx, case: str, fit: harness.FitRun, finals, curves, note: str, where: str = "",
+               extra=()) -> None:  # fmt: skip
+    """The final metrics ``finals`` and the curves along the fit (``(metric, key, unit)``), the
+    cost, and ``extra`` numbers (``(metric, value, unit)``)."""
+    values = [(metric, fit.final[key], unit) for metric, key, unit in finals]
+    cost = [
+        ("steps", fit.steps, "steps"),
+        ("grad_evals", fit.grads, "gradients"),
+        ("seconds", fit.seconds, "s"),
+        ("first_call_seconds", fit.first_call_seconds, "s"),
+    ]
+    ctx.record_many(case, fit.label, [*values, *cost, *extra], note)
+    for row in fit.checks:
+        at = f"{where}step={row['step']} seconds={row['seconds']:.4g}"
+        for metric, key, unit in curves:
+            ctx.record(case, fit.label, metric, row[key], unit, at)
+
+
+def plot_curves(ax, fits: list[harness.FitRun], key: str, style) -> None:
+    """Each method's ``key`` against seconds of stepping, the median over its fits."""
+    for label in dict.fromkeys(f.label for f in fits):
+        curves = [f.checks for f in fits if f.label == label and f.checks]
+        n = min(len(c) for c in curves)
+        seconds = np.median([[r["seconds"] for r in c[:n]] for c in curves], axis=0)
+        values = np.median([[r[key] for r in c[:n]] for c in curves], axis=0)
+        if (seconds > 0).any():
+            ax.plot(seconds[seconds > 0], values[seconds > 0], style(label), lw=1.4,
+                    color=harness.colour(label), label=label)  # fmt: skip
+    ax.set(xscale="log", xlabel="wall time (s, compilation excluded)")
 
 
 # ------------------------------------------------------------------------------- logistic
@@ -59,22 +90,21 @@ def family(run: harness.FitRun) -> str:
     return "mean-field" if diagonal else "low-rank"
 
 
+def close(fit: harness.FitRun, reference: float) -> float:
+    """Seconds at the first check within 0.01 nats of NUTS's test NLL."""
+    return next((float(r["seconds"]) for r in fit.checks if r["nll"] <= reference + 0.01), np.inf)
+
+
 def logistic(ctx) -> str:
-    import pymc as pm
-
-    import pymc_gpf
-
     datasets = ctx.pick(("breast_cancer",), ("breast_cancer", "german_credit"))
     n_splits, budget = ctx.pick(1, 3), ctx.pick(1.5, 5.0)
-    methods = harness.select(LOGISTIC_METHODS, ctx.pick(("GPF diagonal (N = 11)", "ADVI (default)"),
-                                                        None))  # fmt: skip
+    labels = ctx.pick(("GPF diagonal (N = 11)", "ADVI (default)"), None)
     fits, nuts, parts = {}, {}, []
     for name in datasets:
         x, y = cases.binary_dataset(name)
         splits = [[*cases.standardise(x[a], x[b]), y[a], y[b]]
                   for a, b in cases.random_splits(len(y), 0.2, n_splits, 0)]  # fmt: skip
         model = cases.logistic_model(splits[0][0], splits[0][2], float(np.sqrt(10.0)))
-        target = pymc_gpf.BatchedTarget(model)
         fits[name], nuts[name] = [], []
         for i, (x_train, x_test, y_train, y_test) in enumerate(splits):
             pm.set_data({"x": x_train, "y": y_train}, model=model)
@@ -84,10 +114,9 @@ def logistic(ctx) -> str:
                 return {k: v for k, v in cases.classification_metrics(probs, y_test).items()
                         if k != "ece"}  # fmt: skip
 
-            for method in methods:
+            for method in harness.select(LOGISTIC_METHODS, labels):
                 print(f"   {name} split {i}: {method.label}", flush=True)
-                fits[name].append(fit_budgeted(method, model, target, metrics, i, budget, 8, 300,
-                                               2000, i))  # fmt: skip
+                fits[name].append(fit_budgeted(method, model, metrics, i, budget, 8, 300, 2000, i))
             if not ctx.quick:
                 print(f"   {name} split {i}: NUTS", flush=True)
                 run = harness.nuts(model, i + 1, 500, 500, compute_convergence_checks=False,
@@ -95,24 +124,18 @@ def logistic(ctx) -> str:
                 draws = {"w": run.values["w"], "b": run.values["b"].ravel()}
                 nuts[name].append((*metrics(draws).values(), run.seconds))
         reference = [n[0] for n in nuts[name]]
-        rows = []
         for fit in fits[name]:
             split = fit.seed - 1
             note = f"split {split}" + (f"; {fit.failure}" if fit.failure else "")
-            metrics_ = [("test_nll", fit.final["nll"], "nats/point"),
-                        ("test_accuracy", fit.final["accuracy"], "fraction")]  # fmt: skip
-            ctx.record_many(name, fit.label, metrics_ + cost(fit), note)
-            if reference:
-                seconds = close(fit, reference[split])
-                ctx.record(name, fit.label, "seconds_to_nuts_nll", seconds, "s", note)
-            for row in fit.checks:
-                where = f"split {split}; step={row['step']} seconds={row['seconds']:.4g}"
-                ctx.record(name, fit.label, "curve_test_nll", row["nll"], "nats/point", where)
+            extra = ([("seconds_to_nuts_nll", close(fit, reference[split]), "s")] if reference
+                     else [])  # fmt: skip
+            record_fit(ctx, name, fit, [NLL, ACCURACY], [CURVE_NLL], note, f"split {split}; ",
+                       extra)  # fmt: skip
         for split, (nll, acc, seconds) in enumerate(nuts[name]):
-            note = f"split {split}; 2 chains x 500 draws"
             values = [("test_nll", nll, "nats/point"), ("test_accuracy", acc, "fraction"),
                       ("seconds", seconds, "s")]  # fmt: skip
-            ctx.record_many(name, "NUTS", values, note)
+            ctx.record_many(name, "NUTS", values, f"split {split}; 2 chains x 500 draws")
+        rows = []
         for label in dict.fromkeys(f.label for f in fits[name]):
             mine = [f for f in fits[name] if f.label == label]
             nll = np.array([f.final["nll"] for f in mine])
@@ -140,41 +163,22 @@ def logistic(ctx) -> str:
                   md_table("method | family | test NLL (median) | range over splits | accuracy "
                            "| steps | grad evals | ms / step | s to NUTS | failures",
                            rows)]  # fmt: skip
+    families = list(dict.fromkeys(family(f) for name in datasets for f in fits[name]))
+    plt = harness.pyplot()
+    fig, axes = plt.subplots(len(families), len(datasets), squeeze=False,
+                             figsize=(5 * len(datasets), 3.3 * len(families)))  # fmt: skip
+    for (row, kind), (col, name) in itertools.product(enumerate(families), enumerate(datasets)):
+        ax = axes[row, col]
+        plot_curves(ax, [f for f in fits[name] if family(f) == kind], "nll",
+                    lambda label: "--" if "default" in label else "-")  # fmt: skip
+        if nuts[name]:
+            ax.axhline(np.median([n[0] for n in nuts[name]]), color="k", lw=0.9, ls=":",
+                       label="NUTS")  # fmt: skip
+        ax.set(yscale="log", ylabel="test NLL (nats / point)", title=f"{name}: {kind}")
+        ax.legend(loc="upper right")
     setup = ctx.text("logistic", splits=n_splits, datasets=", ".join(datasets), budget=budget)
     setup += "" if ctx.quick else " " + ctx.text("logistic_nuts")
-    return "\n\n".join([setup, logistic_figure(ctx, fits, nuts), *parts])
-
-
-def close(fit: harness.FitRun, reference: float) -> float:
-    """Seconds at the first check within 0.01 nats of NUTS's test NLL."""
-    return next((float(r["seconds"]) for r in fit.checks if r["nll"] <= reference + 0.01), np.inf)
-
-
-def logistic_figure(ctx, fits, nuts) -> str:
-    plt = harness.pyplot()
-    names = list(fits)
-    families = list(dict.fromkeys(family(f) for name in names for f in fits[name]))
-    fig, axes = plt.subplots(len(families), len(names), squeeze=False,
-                             figsize=(5 * len(names), 3.3 * len(families)))  # fmt: skip
-    for (row, kind), (col, name) in itertools.product(enumerate(families), enumerate(names)):
-        ax = axes[row, col]
-        for label in dict.fromkeys(f.label for f in fits[name] if family(f) == kind):
-            curves = [f.checks for f in fits[name] if f.label == label and f.checks]
-            n = min(len(c) for c in curves)
-            seconds = np.median([[r["seconds"] for r in c[:n]] for c in curves], axis=0)
-            nll = np.median([[r["nll"] for r in c[:n]] for c in curves], axis=0)
-            if (seconds > 0).any():
-                ax.plot(seconds[seconds > 0], nll[seconds > 0], "--" if "default" in label else "-",
-                        color=harness.colour(label), lw=1.4, label=label)  # fmt: skip
-        if nuts[name]:
-            reference = np.median([n[0] for n in nuts[name]])
-            ax.axhline(reference, color="k", lw=0.9, ls=":", label="NUTS")
-        ax.set(xscale="log", yscale="log", xlabel="wall time (s, compilation excluded)",
-               ylabel="test NLL (nats / point)", title=f"{name}: {kind}")  # fmt: skip
-        ax.legend(loc="upper right")
-    path, markdown = ctx.figure("test_nll")
-    harness.save_figure(fig, path)
-    return markdown
+    return "\n\n".join([setup, harness.save_figure(ctx, fig, "test_nll"), *parts])
 
 
 # ------------------------------------------------------------------------------------ bnn
@@ -193,11 +197,10 @@ BNN_METHODS = [
     Method("Langevin ensemble (defaults, N = 20; SGLD)", "ensemble"),
     Method("Repulsive ensemble (defaults, N = 20; SGLD)", "ensemble", {"kind": "repulsive"}),
 ]  # fmt: skip
+BNN_STYLES = {"full": "-", "rank 10": "-", "variables": "--", "rank 5": "--", "diagonal": ":"}
 
 
 def bnn(ctx) -> str:
-    import pymc_gpf
-
     x, y = cases.digits()
     ((train, test),) = cases.random_splits(len(y), 0.2, 1, 0)
     budget = ctx.pick(3.0, 15.0)
@@ -218,27 +221,19 @@ def bnn(ctx) -> str:
             batched = method.method != "svgd" and method.inf_kwargs.get("kind") != "deep"
             if models[batched] is None:
                 models[batched] = net.model(x[train], y[train], 1.0)
-            target = pymc_gpf.BatchedTarget(models[batched])
 
             def metrics(draws, net=net) -> dict:
                 probs = net.probabilities(draws, x[test])
                 return {**cases.classification_metrics(probs, y[test], 10), "probs": probs}
 
-            fit = fit_budgeted(method, models[batched], target, metrics, 0, budget, 6, 50, 500, 1)
+            fit = fit_budgeted(method, models[batched], metrics, 0, budget, 6, 50, 500, 1)
             for row in fit.checks:
                 del row["probs"]
             fits[net.name].append(fit)
-            case = f"digits {net.name} (D = {net.n_weights})"
-            ctx.record_many(case, fit.label, [
-                ("test_nll", fit.final["nll"], "nats/point"),
-                ("test_accuracy", fit.final["accuracy"], "fraction"),
-                ("test_ece", fit.final["ece"], "fraction"), *cost(fit)],
-                fit.failure or "")  # fmt: skip
-            for row in fit.checks:
-                where = f"step={row['step']} seconds={row['seconds']:.4g}"
-                ctx.record(case, fit.label, "curve_test_nll", row["nll"], "nats/point", where)
-                accuracy = row["accuracy"]
-                ctx.record(case, fit.label, "curve_test_accuracy", accuracy, "fraction", where)
+            record_fit(ctx, f"digits {net.name} (D = {net.n_weights})", fit,
+                       [NLL, ACCURACY, ("test_ece", "ece", "fraction")],
+                       [CURVE_NLL, ("curve_test_accuracy", "accuracy", "fraction")],
+                       fit.failure or "")  # fmt: skip
     names = ", ".join(f"{a} (D = {net.n_weights})" for a, net in nets.items())
     parts = [ctx.text("bnn", train=len(train), test=len(test), names=names, budget=budget,
                       biggest=max(net.n_weights for net in nets.values()))]  # fmt: skip
@@ -250,59 +245,36 @@ def bnn(ctx) -> str:
                   f"Test metrics of q after {budget:g} s of stepping, and what the fit cost.",
                   md_table("method | test NLL | accuracy | ECE | steps | grad evals | ms / step | "
                            "first call (s) | note", rows)]  # fmt: skip
-    parts += [bnn_curves(ctx, fits),
-              "Test NLL and accuracy along the fit (50 draws of q per point).",
-              bnn_calibration(ctx, fits, y[test]),
-              "Reliability diagrams of the deepest network: accuracy per confidence bin (the "
-              "dotted diagonal is perfect calibration)."]  # fmt: skip
-    return "\n\n".join(parts)
-
-
-def bnn_curves(ctx, fits) -> str:
     plt = harness.pyplot()
-    styles = {"full": "-", "rank 10": "-", "variables": "--", "rank 5": "--", "diagonal": ":"}
     fig, axes = plt.subplots(2, len(fits), figsize=(5.2 * len(fits), 6.6), squeeze=False)
     for col, (arch, chosen) in enumerate(fits.items()):
-        for fit in chosen:
-            rows = [r for r in fit.checks if r["seconds"] > 0]
-            style = next((v for k, v in styles.items() if k in fit.label),
-                         "-." if "default" in fit.label else "-")  # fmt: skip
-            for row, key in enumerate(("nll", "accuracy")):
-                if rows:
-                    axes[row, col].plot([r["seconds"] for r in rows], [r[key] for r in rows],
-                                        style, color=harness.colour(fit.label), lw=1.3,
-                                        label=fit.label)  # fmt: skip
+        for row, key in enumerate(("nll", "accuracy")):
+            plot_curves(axes[row, col], chosen, key, lambda label: next(
+                (v for k, v in BNN_STYLES.items() if k in label),
+                "-." if "default" in label else "-"))  # fmt: skip
         axes[0, col].set(yscale="log", ylabel="test NLL (nats / point)", title=f"digits {arch}")
         axes[1, col].set(ylabel="test accuracy", ylim=(0, 1))
-        for ax in axes[:, col]:
-            ax.set(xscale="log", xlabel="wall time (s, compilation excluded)")
     fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=3, frameon=False)
     fig.tight_layout(rect=(0, 0.12, 1, 1))
-    path, markdown = ctx.figure("curves")
-    fig.savefig(path)
-    plt.close(fig)
-    return markdown
-
-
-def bnn_calibration(ctx, fits, y_test) -> str:
-    """Reliability diagrams (accuracy against confidence) of the deepest network."""
-    plt = harness.pyplot()
-    chosen = list(fits.values())[-1]
+    parts += [harness.save_figure(ctx, fig, "curves", tight=False),
+              "Test NLL and accuracy along the fit (50 draws of q per point)."]  # fmt: skip
+    chosen = list(fits.values())[-1]  # reliability diagrams of the deepest network
     ncols = min(5, len(chosen))
-    nrows = -(-len(chosen) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 2.7 * nrows), squeeze=False)
-    edges = np.linspace(0, 1, 11)
+    fig, axes = plt.subplots(-(-len(chosen) // ncols), ncols, squeeze=False,
+                             figsize=(2.6 * ncols, 2.7 * -(-len(chosen) // ncols)))  # fmt: skip
     for ax, fit in zip(axes.flat, chosen, strict=False):
-        _, accuracy, count = cases.reliability(fit.final["probs"], y_test, 10)
-        ax.bar(edges[:-1][count > 0], accuracy[count > 0], width=0.1, align="edge", alpha=0.7)
+        _, accuracy, count = cases.reliability(fit.final["probs"], y[test], 10)
+        edges = np.linspace(0, 1, 11)[:-1]
+        ax.bar(edges[count > 0], accuracy[count > 0], width=0.1, align="edge", alpha=0.7)
         ax.plot([0, 1], [0, 1], "k:", lw=0.8)
         ax.set(xlim=(0, 1), ylim=(0, 1), title=f"{fit.label}\nECE {fit.final['ece']:.3f}",
                xlabel="confidence", ylabel="accuracy")  # fmt: skip
     for ax in list(axes.flat)[len(chosen) :]:
         ax.axis("off")
-    path, markdown = ctx.figure("calibration")
-    harness.save_figure(fig, path)
-    return markdown
+    parts += [harness.save_figure(ctx, fig, "calibration"),
+              "Reliability diagrams of the deepest network: accuracy per confidence bin (the "
+              "dotted diagonal is perfect calibration)."]  # fmt: skip
+    return "\n\n".join(parts)
 
 
 # ----------------------------------------------------------------------------------- wvgd
@@ -316,12 +288,6 @@ LLOYD_MAX = {  # optimal quantisers of N(0, 1) (Lloyd 1982, Max 1960): centroids
 def lloyd_max(ctx, particles: tuple[int, ...], steps: int) -> tuple[str, str]:
     """WVGD on ``N(0, 1)``: J particles spread like the prior, M = 200 draws, the authors' Adam
     0.01; positions averaged over the second half of the steps (a stochastic fixed point)."""
-    import time
-
-    import pymc as pm
-
-    import pymc_gpf
-
     with pm.Model() as model:
         pm.Normal("x", 0.0, 1.0)
     plt = harness.pyplot()
@@ -337,7 +303,7 @@ def lloyd_max(ctx, particles: tuple[int, ...], steps: int) -> tuple[str, str]:
                 total.append(approx.particles.copy())
 
         start = time.perf_counter()
-        inference.fit(steps, progressbar=False, backend=harness.backend(), callbacks=[average],
+        inference.fit(steps, progressbar=False, backend=harness.BACKEND, callbacks=[average],
                       learning_rate=0.01)  # fmt: skip
         seconds, mean = time.perf_counter() - start, np.mean(total, axis=0)
         order = np.argsort(mean[:, 0])
@@ -366,8 +332,7 @@ def lloyd_max(ctx, particles: tuple[int, ...], steps: int) -> tuple[str, str]:
         ax.plot(positions, np.zeros_like(positions), "o", color="C6", label="WVGD particles")
         ax.set(title=f"J = {j}", xlabel="x", yticks=[])
     axes.flat[0].legend(loc="upper left")
-    path, markdown = ctx.figure("lloyd_max")
-    harness.save_figure(fig, path)
+    markdown = harness.save_figure(ctx, fig, "lloyd_max")
     table = md_table("J | particles (averaged) | Lloyd–Max | max error | max error, last step | "
                      "cell weights β | cell masses | max error", rows)  # fmt: skip
     return table, markdown
@@ -380,10 +345,6 @@ def mean_se(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def wvgd(ctx) -> str:
-    import time
-
-    import pymc as pm
-
     particles, repeats = ctx.pick((1, 2), (1, 2, 3, 4, 5)), ctx.pick(1, 3)
     steps, advi_steps = ctx.pick(400, 1500), ctx.pick(0, 5000)
     print("   Lloyd–Max", flush=True)
@@ -405,12 +366,12 @@ def wvgd(ctx) -> str:
             for k, j in enumerate(particles):
                 approx = pm.fit(steps, method="wvgd", model=model, random_seed=r, progressbar=False,
                                 inf_kwargs={"n_particles": j, "draws_per_particle": 100},
-                                backend=harness.backend(), learning_rate=0.01)  # fmt: skip
+                                backend=harness.BACKEND, learning_rate=0.01)  # fmt: skip
                 bound[r, k] = -np.mean(approx.hist[-200:])
             if advi_steps:
                 approx = pm.fit(advi_steps, method="advi", model=model, random_seed=r,
                                 progressbar=False, obj_optimizer=pm.adam(learning_rate=1e-2),
-                                backend=harness.backend())  # fmt: skip
+                                backend=harness.BACKEND)  # fmt: skip
                 advi[r] = -np.mean(approx.hist[-1000:])
         seconds, bounds[name] = time.perf_counter() - start, bound
         mean, se = mean_se(bound)
@@ -444,8 +405,7 @@ def wvgd(ctx) -> str:
         ax.errorbar(particles, mean, yerr=np.nan_to_num(se), marker="o", color="C6", capsize=3)
         ax.set(title=name, xlabel="particles J", ylabel="bound − bound(J = 1) (nats)")
         ax.set_xticks(particles)
-    path, figure2 = ctx.figure("bound_vs_particles")
-    harness.save_figure(fig, path)
+    figure2 = harness.save_figure(ctx, fig, "bound_vs_particles")
     text = ctx.text("wvgd_bound", repeats=repeats, first=particles[0], last=particles[-1],
                     steps=steps)  # fmt: skip
     if advi_steps:

@@ -1,16 +1,17 @@
 """Speed sections: cost per step against the bare batched gradient and scaling with D and N
-(speed), time to the first step on a cold and a warm PyTensor cache (startup), and GPF's step on
-JAX with the particles split across devices (scale).
-
-Every scaling, startup and scale cell runs in a fresh process (``python -m benchmarks.speed
-child JSON``); memory is the process's resident set from ``/proc/self/status``, its peak while
-stepping (the high-water mark is reset after the first step).
+(speed), time to the first step on a cold and a warm PyTensor cache (startup), GPF's step on JAX
+with the particles split across devices (scale). Every scaling, startup and scale cell runs in a
+fresh process (``python -m benchmarks.speed JSON``); memory is its resident set
+(``/proc/self/status``), the peak while stepping (the high-water mark is reset after the first
+step).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+import sys
 import tempfile
 import time
 import warnings
@@ -26,61 +27,10 @@ LABELS = {"bare": "bare logp+grad", "gpf": "GPF", "gf": "GF full rank", "gf_diag
           "fullrank_advi": "FullRankADVI", "svgd": "SVGD"}  # fmt: skip
 
 
-# -------------------------------------------------------------------------------- models
-def gaussian_model(d: int, kappa: float):
-    """The paper's N(μ, Σ) (log10 eigenvalues evenly from −1 to −1 + log10 κ, a random
-    rotation) as a flat prior plus a potential; and μ and the marginal sds."""
-    import pymc as pm
-    import pytensor.tensor as pt
-
-    rng = np.random.default_rng(0)
-    rotation, _ = np.linalg.qr(rng.uniform(size=(d, d)))
-    mean, eigenvalues = rng.normal(size=d), 10 ** np.linspace(-1, -1 + np.log10(kappa), d)
-    with pm.Model() as model:
-        mu = pm.Data("mean", mean)
-        factor = pm.Data("precision_factor", rotation / np.sqrt(eigenvalues))
-        x = pm.Flat("x", shape=d)
-        pm.Potential("gaussian", -0.5 * pt.sum(pt.square(pt.dot(x - mu, factor))))
-    return model, mean, np.sqrt(np.diag((rotation * eigenvalues) @ rotation.T))
-
-
-def build_model(spec: dict):
-    """``logistic``: n observations of d standard-normal features, N(0, 1) priors, no
-    intercept; ``gaussian``: :func:`gaussian_model` with κ = 10; else N(μ, diag σ²) in d."""
-    import pymc as pm
-
-    if spec["kind"] == "logistic":  # speed's n = 2000, D = 50; scale's (d given) n = 1000
-        rng, (n, d) = np.random.default_rng(0), (1000, spec["d"]) if "d" in spec else (2000, 50)
-        x = rng.normal(size=(n, d))
-        if "d" in spec:  # scale's draws the labels' uniforms before the weights
-            u, w = rng.random(n), 0.3 * rng.normal(size=d)
-        else:
-            w, u = 0.3 * rng.normal(size=d), rng.random(n)
-        return cases.logistic_model(x, u < 1 / (1 + np.exp(-x @ w)), 1.0, intercept=False,
-                                    as_data=False)  # fmt: skip
-    if spec["kind"] == "gaussian":
-        return gaussian_model(spec["d"], 10.0)[0]
-    if spec["kind"] == "german_credit":
-        return cases.german_credit_reference_model()
-    if spec["kind"] == "eight_schools":
-        return cases.posteriordb_case("eight_schools-eight_schools_noncentered").model
-    rng = np.random.default_rng(spec["d"])
-    with pm.Model() as model:
-        pm.Normal("x", rng.normal(size=spec["d"]), np.exp(rng.normal(scale=0.5, size=spec["d"])),
-                  shape=spec["d"])  # fmt: skip
-    return model
-
-
-def gpf_jitter(n: int, d: int) -> float:
-    """GPF's init_scale 0.1, times sqrt(N/D) for N ≤ D: the N − 1 non-zero eigenvalues of the
-    particles' covariance stay about 0.01 (the speed section's note says what the default does)."""
-    return 0.1 * min(1.0, float(np.sqrt(n / d)))
-
-
 def stepper(method: str, model, n: int, backend, default_jitter: bool = False, devices: int = 1):
     """``step(k)`` runs k steps of ``method`` with ``n`` points each after a first call that
-    compiles; and the gradients one step evaluates. Ours take the fixed-step update (every step
-    asked for runs; an automatic fit stops once converged); PyMC's their default optimiser."""
+    compiles; the gradients one step evaluates; the inference. Ours take the fixed-step update
+    (every step asked for runs); PyMC's their default optimiser."""
     import pymc_gpf
 
     if method == "bare":
@@ -107,7 +57,9 @@ def stepper(method: str, model, n: int, backend, default_jitter: bool = False, d
 
         return step, n, None
     d = pymc_gpf.BatchedTarget(model).ndim  # only D: a target kept alive would count in memory
-    fixed, jitter = {"learning_rate": 1e-3}, 0.1 if default_jitter else gpf_jitter(n, d)
+    # GPF's init_scale 0.1, times sqrt(N/D) for N ≤ D (the speed section's note says why)
+    jitter = 0.1 if default_jitter else 0.1 * min(1.0, float(np.sqrt(n / d)))
+    fixed = {"learning_rate": 1e-3}
     kind, inf_kwargs, fit_kwargs = {
         "gpf": ("gpf", {"n_particles": n, "init_scale": jitter, "devices": devices}, fixed),
         "gf": ("gf", {"draws_per_step": n}, fixed),
@@ -141,7 +93,7 @@ def stepper(method: str, model, n: int, backend, default_jitter: bool = False, d
 
 
 # ------------------------------------------------------------------------ child processes
-def _memory_mb() -> dict[str, float]:
+def memory_mb() -> dict[str, float]:
     with open("/proc/self/status") as fh:
         lines = [line.split(":") for line in fh if line.startswith(("VmRSS", "VmHWM"))]
     return {key: int(value.split()[0]) / 1024 for key, value in lines}
@@ -150,33 +102,25 @@ def _memory_mb() -> dict[str, float]:
 def child(payload: dict) -> dict:
     """One cell in this fresh process: ``speed`` (first step, warm ms/step, memory),
     ``startup`` (time to the first step and to a result) or ``scale`` (JAX devices)."""
-    start = time.perf_counter()
-    import pymc  # noqa: F401
-    import scipy.linalg  # noqa: F401
+    import scipy.linalg  # noqa: F401  (loads SciPy's OpenBLAS, then limited)
 
     from threadpoolctl import threadpool_limits
 
-    import pymc_gpf  # noqa: F401
-
     threadpool_limits(1, user_api="blas")
     logging.getLogger("pymc").setLevel(logging.ERROR)
-    imported = time.perf_counter() - start
     if payload["kind"] == "startup":
-        model = build_model({"kind": payload["model"]})
+        model = cases.speed_model({"kind": payload["model"]})
         start = time.perf_counter()
-        first, note = _first_step(payload["method"], model, payload["backend"])
-        return {"import": imported, "first_step": first, "result": time.perf_counter() - start,
-                "note": note}  # fmt: skip
+        first, note = first_step(payload["method"], model, payload["backend"])
+        return {"first_step": first, "result": time.perf_counter() - start, "note": note}
     if payload["kind"] == "scale":
-        return _scale_child(payload)
-    model = build_model(payload["model"])
-    baseline = _memory_mb()["VmRSS"]
-    start = time.perf_counter()
+        return scale_child(payload)
+    model = cases.speed_model(payload["model"])
+    baseline, start = memory_mb()["VmRSS"], time.perf_counter()
     step, _, _ = stepper(payload["method"], model, payload["n"], payload["backend"],
                          payload.get("default_jitter", False))  # fmt: skip
-    out = {"import_seconds": imported, "first_step_seconds": time.perf_counter() - start,
-           "baseline_rss_mb": baseline,
-           "first_step_peak_rss_mb": _memory_mb()["VmHWM"]}  # fmt: skip
+    out = {"first_step_seconds": time.perf_counter() - start, "baseline_rss_mb": baseline,
+           "first_step_peak_rss_mb": memory_mb()["VmHWM"]}  # fmt: skip
     try:
         with open("/proc/self/clear_refs", "w") as fh:
             fh.write("5")  # resets the high-water mark
@@ -184,7 +128,7 @@ def child(payload: dict) -> dict:
     except OSError:
         reset = False
     out["ms_per_step"] = 1e3 * harness.time_per_call(step, payload["steps_seconds"], 3)
-    out["stepping_peak_rss_mb"] = _memory_mb()["VmHWM"] if reset else float("nan")
+    out["stepping_peak_rss_mb"] = memory_mb()["VmHWM"] if reset else float("nan")
     return out
 
 
@@ -206,7 +150,7 @@ def speed(ctx) -> str:
         for model_name, spec in models.items():
             if spec["kind"] not in per_step_models:
                 continue
-            model, ms, grads = build_model(spec), {}, {}
+            model, ms, grads = cases.speed_model(spec), {}, {}
             for method in per_step_methods:
                 try:
                     step, grads[method], _ = stepper(method, model, BATCH, backend)
@@ -223,10 +167,13 @@ def speed(ctx) -> str:
                 rows.append([model_name, name, LABELS[method], fmt(grads[method]), fmt(value),
                              fmt(value / ms["bare"]), fmt(per_grad)])  # fmt: skip
             print(f"  per step: {model_name}, {name}: done", flush=True)
-    per_step = md_table("model | backend | method | gradients / step | ms / step | step / bare | "
-                        "per gradient / bare", rows, left=3)  # fmt: skip
+    parts = ["### Cost per step against the bare batched gradient",
+             ctx.text("speed_step", repeats=repeats, seconds=repeat_seconds),
+             md_table("model | backend | method | gradients / step | ms / step | step / bare | "
+                      "per gradient / bare", rows, left=3)]  # fmt: skip
+    panels = [p for p in (("D", dims, dim_methods), ("N", particles, particle_methods)) if p[1]]
     results = {}
-    for axis, values, methods in (("D", dims, dim_methods), ("N", particles, particle_methods)):
+    for axis, values, methods in panels:
         for value in values:
             d, n = (value, SCALING_BATCH) if axis == "D" else (SCALING_DIM, value)
             for method in methods:
@@ -235,7 +182,7 @@ def speed(ctx) -> str:
                     results[axis, method, value] = None
                     ctx.record(case, method, "skipped", 1.0, note="memory: D(D+1)/2 parameters")
                     continue
-                out = results[axis, method, value] = harness.run_child("benchmarks.speed", {
+                out = results[axis, method, value] = harness.run_child({
                     "kind": "speed", "model": {"kind": "diagonal", "d": d}, "method": method,
                     "n": n, "backend": ctx.backend, "steps_seconds": repeat_seconds})  # fmt: skip
                 if "error" in out:
@@ -251,13 +198,11 @@ def speed(ctx) -> str:
                     ("first_step_peak_rss", out["first_step_peak_rss_mb"], "MB")])  # fmt: skip
             print(f"  scaling {axis}={value}: done", flush=True)
     d = max(dims)
-    out = harness.run_child("benchmarks.speed", {
-        "kind": "speed", "model": {"kind": "diagonal", "d": d}, "method": "gpf", "n": SCALING_BATCH,
-        "backend": ctx.backend, "steps_seconds": repeat_seconds,
-        "default_jitter": True})  # fmt: skip
+    out = harness.run_child({"kind": "speed", "model": {"kind": "diagonal", "d": d},
+                             "method": "gpf", "n": SCALING_BATCH, "backend": ctx.backend,
+                             "steps_seconds": repeat_seconds, "default_jitter": True})  # fmt: skip
     case = f"diagonal Gaussian D={d}, N={SCALING_BATCH}, default init_scale 0.1"
-    found = re.search(r"diverged at step (\d+)", out.get("error", ""))
-    if found:
+    if found := re.search(r"diverged at step (\d+)", out.get("error", "")):
         step = ctx.record(case, "gpf", "diverged_at_step", int(found.group(1)))
         jitter = (
             f"at D = {d:,}, N = {SCALING_BATCH}, GPF with the default init_scale and "
@@ -273,55 +218,38 @@ def speed(ctx) -> str:
     baselines = [o["baseline_rss_mb"] for o in results.values() if o and "error" not in o]
     extra = (f", and N ∈ {{{', '.join(map(str, particles))}}} at D = {SCALING_DIM:,} (ADVI with "
              "`obj_n_mc` = N)") if particles else ""  # fmt: skip
-    parts = ["### Cost per step against the bare batched gradient",
-             ctx.text("speed_step", repeats=repeats, seconds=repeat_seconds), per_step,
-             "### Scaling with D and N",
-             ctx.text("speed_scaling", dims=", ".join(f"{d:,}" for d in dims), particles=extra,
-                      low=fmt(min(baselines, default=float("nan"))),
-                      high=fmt(max(baselines, default=float("nan"))))]  # fmt: skip
-    for axis, values, methods in (("D", dims, dim_methods), ("N", particles, particle_methods)):
+    parts += ["### Scaling with D and N",
+              ctx.text("speed_scaling", dims=", ".join(f"{d:,}" for d in dims), particles=extra,
+                       low=fmt(min(baselines, default=float("nan"))),
+                       high=fmt(max(baselines, default=float("nan"))))]  # fmt: skip
+    plt = harness.pyplot()
+    fig, axes = plt.subplots(2, len(panels), figsize=(5.2 * len(panels), 6.4), squeeze=False)
+    for col, (axis, values, methods) in enumerate(panels):
         for key, what in (("ms_per_step", "Warm ms per step"),
                           ("stepping_peak_rss_mb", "Peak resident memory while stepping (MB)"),
                           ("first_step_seconds", "First step, warm cache (s)")):  # fmt: skip
-            if values:
-                rows = [[LABELS[m], *("not run (memory)" if (o := results[axis, m, v]) is None
-                                      else "failed" if "error" in o else fmt(o[key])
-                                      for v in values)] for m in methods]  # fmt: skip
-                parts += [
-                    f"{what} against {axis}:",
-                    md_table(["method", *(f"{axis} = {v:,}" for v in values)], rows),
-                ]
-    panels = (("D", dims, dim_methods), ("N", particles, particle_methods))
-    parts += [scaling_figure(ctx, results, panels),
-              "Time per step (top) and peak resident memory while stepping (bottom) against D and "
-              "N: one fresh process per point.", ctx.text("speed_note", jitter=jitter)]  # fmt: skip
-    return "\n\n".join(parts)
-
-
-def scaling_figure(ctx, results: dict, panels) -> str:
-    plt = harness.pyplot()
-    panels = [p for p in panels if p[1]]
-    fig, axes = plt.subplots(2, len(panels), figsize=(5.2 * len(panels), 6.4), squeeze=False)
-    for col, (axis, values, methods) in enumerate(panels):
+            rows = [[LABELS[m], *("not run (memory)" if (o := results[axis, m, v]) is None
+                                  else "failed" if "error" in o else fmt(o[key])
+                                  for v in values)] for m in methods]  # fmt: skip
+            header = ["method", *(f"{axis} = {v:,}" for v in values)]
+            parts += [f"{what} against {axis}:", md_table(header, rows)]
         for method in methods:
             done = [(v, o) for v in values if (o := results[axis, method, v]) and "error" not in o]
-            xs = [v for v, _ in done]
             style = "o" + ("--" if method in ("gf_lowrank", "advi") else "-")
-            colour = harness.COLOURS["fullrank_advi" if method.startswith("fullrank")
-                                     else method.split("_")[0]]  # fmt: skip
-            axes[0, col].loglog(xs, [o["ms_per_step"] for _, o in done], style, color=colour,
-                                label=LABELS[method])  # fmt: skip
-            axes[1, col].semilogx(xs, [o["stepping_peak_rss_mb"] for _, o in done], style,
-                                  color=colour, label=LABELS[method])  # fmt: skip
+            xs = [v for v, _ in done]
+            line = {"color": harness.colour(LABELS[method]), "label": LABELS[method]}
+            axes[0, col].loglog(xs, [o["ms_per_step"] for _, o in done], style, **line)
+            axes[1, col].semilogx(xs, [o["stepping_peak_rss_mb"] for _, o in done], style, **line)
         fixed = f"N = {SCALING_BATCH}" if axis == "D" else f"D = {SCALING_DIM:,}"
         axes[0, col].set(title=f"time per step vs {axis} ({fixed}; diagonal Gaussian)",
                          ylabel="ms / step", xlabel=axis)  # fmt: skip
         axes[1, col].set(title=f"peak resident memory while stepping vs {axis}", ylabel="MB",
                          xlabel=axis)  # fmt: skip
         axes[0, col].legend(fontsize=7)
-    path, markdown = ctx.figure("scaling")
-    harness.save_figure(fig, path)
-    return markdown
+    parts += [harness.save_figure(ctx, fig, "scaling"),
+              "Time per step (top) and peak resident memory while stepping (bottom) against D and "
+              "N: one fresh process per point.", ctx.text("speed_note", jitter=jitter)]  # fmt: skip
+    return "\n\n".join(parts)
 
 
 # -------------------------------------------------------------------------------- startup
@@ -333,7 +261,7 @@ MODELS = {"logistic": "logistic regression (n = 2000, D = 50; the speed section'
           "eight_schools": "eight schools, non-centred (D = 10)"}  # fmt: skip
 
 
-def _first_step(method: str, model, backend: str | None) -> tuple[float, str]:
+def first_step(method: str, model, backend: str | None) -> tuple[float, str]:
     """``method`` at its defaults: seconds to the end of its first step (NaN without a step to
     time) and a note; the fit is followed by 1000 draws."""
     import pymc as pm
@@ -369,9 +297,9 @@ def startup(ctx) -> str:
             payload = {"kind": "startup", "model": model, "method": method, "backend": backend}
             with tempfile.TemporaryDirectory(prefix="pytensor-cold-") as compiledir:
                 env = {"PYTENSOR_FLAGS": f"base_compiledir={compiledir}"}
-                cold, warm = (harness.run_child("benchmarks.speed", payload, **env) for _ in "cw")
+                cold, warm = (harness.run_child(payload, **env) for _ in "cw")
                 similar = {} if model != "logistic" else harness.run_child(
-                    "benchmarks.speed", dict(payload, model="german_credit"), **env)  # fmt: skip
+                    dict(payload, model="german_credit"), **env)  # fmt: skip
             name = backend or "default"
             if "error" in cold or "error" in warm:
                 note = cold.get("error") or warm.get("error")
@@ -396,20 +324,17 @@ def startup(ctx) -> str:
 
 
 # ---------------------------------------------------------------------------------- scale
-def _scale_child(payload: dict) -> dict:
+def scale_child(payload: dict) -> dict:
     """One configuration, in a process whose JAX sees ``payload["devices"]`` devices."""
     import jax
 
     warnings.simplefilter("ignore")
     if payload.get("side_by_side"):
-        return _side_by_side()
-    spec = payload["model"]
-    model = build_model({**spec, "n": 1000}) if spec["kind"] == "logistic" else build_model(spec)
-    start = time.perf_counter()
-    step, _, inference = stepper(payload["method"], model, payload["n"], "jax",
-                                 devices=payload["devices"])  # fmt: skip
-    out = {"first_seconds": time.perf_counter() - start, "platform": jax.devices()[0].platform}
-    out["ms_per_step"] = 1e3 * harness.time_per_call(step, payload["seconds"], payload["repeats"])
+        return side_by_side()
+    step, _, inference = stepper(payload["method"], cases.speed_model(payload["model"]),
+                                 payload["n"], "jax", devices=payload["devices"])  # fmt: skip
+    seconds = harness.time_per_call(step, payload["seconds"], payload["repeats"])
+    out = {"platform": jax.devices()[0].platform, "ms_per_step": 1e3 * seconds}
     held: dict = {}  # what the live arrays hold on each device
     for array in jax.live_arrays():
         for shard in array.addressable_shards:
@@ -417,13 +342,13 @@ def _scale_child(payload: dict) -> dict:
     out["device_mb"] = max(held.values(), default=0) / 2**20
     if inference is not None and payload["devices"] > 1:
         try:
-            out.update(_collectives(inference))
+            out.update(collectives(inference))
         except Exception as err:  # PyTensor internals: report, do not fail the run
             out["collectives_error"] = repr(err)[:200]
     return out
 
 
-def _collectives(inference) -> dict[str, int]:
+def collectives(inference) -> dict[str, int]:
     """How many of each collective XLA compiled into the step, and how many numbers their
     results hold in all (an all-gather's result counts whole)."""
     compiled = [c.cell_contents for c in inference.step.fn.__closure__ or ()]
@@ -443,10 +368,15 @@ def _collectives(inference) -> dict[str, int]:
     return out
 
 
-def _side_by_side() -> dict:
+def side_by_side() -> dict:
     """Every method at its defaults on one closed-form Gaussian (D = 20, κ = 100), in one
     process with 4 host devices: seconds including compilation, largest errors in sds."""
-    model, mean, sd = gaussian_model(20, 100.0)
+    model, mean, sd = cases.gaussian_model(20, 100.0)
+
+    def errors(draws) -> dict[str, float]:
+        values = harness.max_errors(np.asarray(draws).reshape(-1, len(mean)), mean, sd)
+        return dict(zip(("mean_error", "sd_error"), values, strict=True))
+
     rows = []
     for label, method, options, backend in [
         ("GPF", "gpf", {}, None), ("GPF", "gpf", {}, "jax"),
@@ -465,28 +395,22 @@ def _side_by_side() -> dict:
             continue
         status = "ran 10000 steps" if fit.stop == "n steps" else f"{fit.stop}, {fit.steps} steps"
         rows.append({"label": label, "backend": backend or "default", "seconds": fit.seconds,
-                     "status": status, **_errors(draws, mean, sd)})  # fmt: skip
+                     "status": status, **errors(draws)})  # fmt: skip
     start = time.perf_counter()
     dadvi = anchors.run_dadvi(model, random_seed=1)
     rows.append({"label": "DADVI (pymc-extras)", "backend": "default", "status": dadvi.status,
-                 "seconds": time.perf_counter() - start,
-                 **_errors(dadvi.draws["x"], mean, sd)})  # fmt: skip
+                 "seconds": time.perf_counter() - start, **errors(dadvi.draws["x"])})  # fmt: skip
     run = harness.nuts(model, 1, discard_tuned_samples=True)
     rows.append({"label": "NUTS (PyMC)", "backend": "default", "status": "2 x 1000 draws",
-                 "seconds": run.seconds, **_errors(run.values["x"], mean, sd)})  # fmt: skip
+                 "seconds": run.seconds, **errors(run.values["x"])})  # fmt: skip
     return {"rows": rows}
 
 
-def _errors(draws, mean, sd) -> dict[str, float]:
-    errors = harness.max_errors(np.asarray(draws).reshape(-1, len(mean)), mean, sd)
-    return dict(zip(("mean_error", "sd_error"), errors, strict=True))
-
-
-def _scale_run(payload: dict, device: str) -> dict:
+def run_scale_child(payload: dict, device: str) -> dict:
     env = {"JAX_PLATFORMS": device}
     if device == "cpu":
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={payload['devices']}"
-    return harness.run_child("benchmarks.speed", {"kind": "scale", **payload}, **env)
+    return harness.run_child({"kind": "scale", **payload}, **env)
 
 
 def scale(ctx) -> str:
@@ -499,10 +423,10 @@ def scale(ctx) -> str:
                for n in ctx.pick((10, 100), (10, 100, 1000, 10_000))]  # fmt: skip
     configs += [(f"Gaussian N=12, D={d}", {"kind": "diagonal", "d": d}, 12)
                 for d in ctx.pick((1000,), (100, 10_000, 1_000_000))]  # fmt: skip
-    side_by_side = "(the full run only)"
+    table = "(the full run only)"
     if not ctx.quick:
-        out = _scale_run({"side_by_side": True, "devices": 4}, ctx.device)
-        side_by_side = f"The side-by-side run failed: {out.get('error')}" if "error" in out else ""
+        out = run_scale_child({"side_by_side": True, "devices": 4}, ctx.device)
+        table = f"The side-by-side run failed: {out.get('error')}" if "error" in out else ""
         rows = []
         for row in out.get("rows", []):
             if "error" in row:
@@ -515,14 +439,14 @@ def scale(ctx) -> str:
                          fmt(row["mean_error"], 2), fmt(row["sd_error"], 2),
                          row["status"]])  # fmt: skip
         if rows:
-            side_by_side = md_table("method (defaults) | backend | seconds | max mean error (sd) "
-                                    "| max sd error | how it ended", rows, left=2)  # fmt: skip
+            table = md_table("method (defaults) | backend | seconds | max mean error (sd) "
+                             "| max sd error | how it ended", rows, left=2)  # fmt: skip
     results = {}
     for case, spec, n in configs:
         for d, method in ((d, m) for d in devices for m in ("bare", "gpf")):
             payload = {"model": spec, "n": n, "method": method, "devices": d,
                        "seconds": seconds, "repeats": repeats}  # fmt: skip
-            out = results[case, d, method] = _scale_run(payload, ctx.device)
+            out = results[case, d, method] = run_scale_child(payload, ctx.device)
             if "error" in out:
                 print(f"   {case} {d} {method}: {out['error']}", flush=True)
                 continue
@@ -531,7 +455,8 @@ def scale(ctx) -> str:
             if "collective_numbers" in out:
                 numbers = out["collective_numbers"]
                 ctx.record(case, f"{method} x{d}", "collective_numbers", numbers, "")
-            print(f"   {case} x{d} {method}: {out['ms_per_step']:.3g} ms", flush=True)
+            print(f"   {case} x{d} {method}: {out['ms_per_step']:.3g} ms "
+                  f"{out.get('collectives_error', '')}", flush=True)  # fmt: skip
     rows = []
     for case, _, _ in configs:
         row = [case]
@@ -548,25 +473,23 @@ def scale(ctx) -> str:
     headers = ["case", *(f"{h} ×{d}" for d in devices
                          for h in ("bare ms", "GPF ms", "GPF/bare", "MB/device")),
                f"×{devices[0]} / ×{devices[-1]} time", f"crossing ×{devices[-1]} / ND"]  # fmt: skip
-    collectives = "; ".join(
+    found = "; ".join(
         f"{case}: {r['all-gather']} all-gathers, {r['all-reduce']} all-reduces, "
         f"{r['all-to-all']} all-to-alls"
         for (case, d, m), r in results.items()
         if m == "gpf" and d > 1 and "all-gather" in r)  # fmt: skip
     platforms = ", ".join(sorted({r["platform"] for r in results.values() if "platform" in r}))
     return ctx.text("scale", platforms=platforms or "no", device=ctx.device, one=devices[0],
-                    many=devices[-1], table=md_table(headers, rows), side_by_side=side_by_side,
-                    collectives=collectives) + "\n"  # fmt: skip
+                    many=devices[-1], table=md_table(headers, rows), side_by_side=table,
+                    collectives=found) + "\n"  # fmt: skip
 
 
 SECTIONS = {
     "speed": ("Speed: cost per step, scaling with D and N", speed),
-    "startup": (
-        "Speed: time to the first step and to a result, cold and warm PyTensor cache",
-        startup,
-    ),
+    "startup": ("Speed: time to the first step and to a result, cold and warm PyTensor cache",
+                startup),
     "scale": ("Scale: JAX, particles split across devices", scale),
-}
+}  # fmt: skip
 
 if __name__ == "__main__":
-    harness.child_main(child)
+    print(json.dumps(child(json.loads(sys.argv[1]))))
