@@ -451,10 +451,10 @@ class Stochastic(Control):
         moved ``d1`` (in q's sds) from the one before, which had moved ``d0``; a drift
         contracting by ``r = d1 / d0`` per window has ``d1 r / (1 - r)`` left to go. On the
         move unless both ``d1`` and that are below ``tol`` (or nothing moved): always after
-        one window, and after two unless they had the same mean. A
-        slow drift passes the spread test: WVGD's two particles on N(0, 1) ended 0.07 sds
-        from the Lloyd-Max points when the last window's iterates spread by 0.027 sds while
-        its mean had moved by 0.058."""
+        one window, and after two unless they had the same mean. A slow drift passes the
+        spread test: WVGD's two particles on N(0, 1) ended 0.07 sds from the Lloyd-Max points
+        when the last window's iterates spread by 0.027 sds while its mean had moved by
+        0.058."""
         history, self._window_means = self._window_means, [*self._window_means[-1:], mean]
         if not history:
             return True

@@ -360,14 +360,14 @@ class Ensemble(FlowInference):
         (position, ``log p``, drift) of the best ones, the worst from the best; their
         number."""
         state = self.approx.state
-        logp = state.logp.get_value()
+        logp = np.asarray(state.logp.get_value())
         far = outlying(-logp)
         if not far.any() or far.all():
             return 0
         best = np.argsort(-logp)[: int(far.sum())]
         worst = np.flatnonzero(far)[np.argsort(logp[far])]
         for shared in (state.particles, state.logp, state.drift):
-            values = shared.get_value()
+            values = np.array(shared.get_value())  # a copy: JAX's arrays are immutable
             values[worst] = values[best]
             shared.set_value(values)
         return len(worst)
