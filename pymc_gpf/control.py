@@ -9,9 +9,8 @@ are :data:`REASONS`. The rules:
   :class:`pymc_gpf.gpf.flow.NaturalFlow`) stayed below ``tol**2`` for ``window`` accepted
   steps. Every early stop must pass the same test: when the free energy on an independent
   cloud of the same Gaussian has not improved for ``patience`` accepted steps near the
-  fixed point, and rose above its best by more than ``tol**2 / 2`` nats (the particles have
-  begun to fit their own positions: finite-N bias), the state with the best independent
-  value is restored and re-evaluated, and the fit ends
+  fixed point (the particles have begun to fit their own positions: finite-N bias), the
+  state with the best independent value is restored and re-evaluated, and the fit ends
   there only if its decrement is below ``tol**2`` (else GPF grows its cloud, or ends
   **overfitting**, not converged); **stalled** when backtracking shrank the step below
   ``1e-12`` without a decrease from a state that had not converged.
@@ -211,8 +210,7 @@ class Deterministic(Control):
       accepted steps.
     * The free energy of an independent cloud (``info["since_best"]``) has not improved for
       ``patience`` accepted steps while the fit is near its fixed point (decrement below
-      :data:`NEAR`, the best independent value finite), and it exceeded its best by more
-      than ``tol**2 / 2`` nats at each of them: **overfitting** (finite-N bias), a
+      :data:`NEAR`, the best independent value finite): **overfitting** (finite-N bias), a
       request to the method to restore its best state. The next accepted step re-evaluates
       that state; it ends the fit as **converged** only if its decrement is below
       ``tol**2``, else as **unverified**: the method then grows its cloud, or stops there
@@ -221,10 +219,7 @@ class Deterministic(Control):
       (converged instead if the last decrement was already below ``tol**2``).
     """
 
-    saved = (
-        "decrements", "last_decrement", "min_step", "patience", "validations", "verifying",
-        "window",
-    )  # fmt: skip
+    saved = ("decrements", "last_decrement", "min_step", "patience", "verifying", "window")
 
     kind = "deterministic"
 
@@ -234,7 +229,6 @@ class Deterministic(Control):
         self.decrements: list[float] = []
         self.last_decrement = float("inf")
         self.verifying = False  # the best state was restored: the next evaluation tests it
-        self.validations: list[float] = []  # the independent free energy of recent steps
 
     def observe(self, free_energy, info):
         if info["accepted"]:
@@ -245,33 +239,20 @@ class Deterministic(Control):
             self.decrements = [*self.decrements[-(self.window - 1) :], self.last_decrement]
             if len(self.decrements) == self.window and max(self.decrements) < self.tol**2:
                 return "converged"
-            if "validation" in info:
-                self.validations = [
-                    *self.validations[-(self.patience - 1) :],
-                    float(info["validation"]),
-                ]
-        best = float(info.get("best_validation", 0.0))
-        near = self.last_decrement < NEAR and math.isfinite(best)
-        if near and info.get("since_best", 0) >= self.patience and self._worse_than(best):
+        near = self.last_decrement < NEAR and math.isfinite(info.get("best_validation", 0.0))
+        if near and info.get("since_best", 0) >= self.patience:
             return "overfitting"
         if not info["accepted"] and info["step_size"] < self.min_step:
             return "converged" if self.last_decrement < self.tol**2 else "stalled"
         return None
 
-    def _worse_than(self, best: float) -> bool:
-        """Whether the independent free energy of every recent accepted step exceeds its
-        best by more than ``tol**2 / 2`` nats, the free energy of q about ``tol`` of its sds
-        from the fixed point: a smaller rise is not worth an early stop (it wobbles by that
-        much with the step size near a fixed point)."""
-        return min(self.validations, default=math.inf) > best + 0.5 * self.tol**2
-
     def verify(self) -> None:
         """The method restored a state: the next accepted evaluation decides."""
         self.verifying = True
-        self.decrements, self.validations = [], []
+        self.decrements = []
 
     def restart(self) -> None:
-        self.decrements, self.validations = [], []
+        self.decrements = []
         self.last_decrement = float("inf")
         self.verifying = False
 

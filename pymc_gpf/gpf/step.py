@@ -105,10 +105,7 @@ def init_natural(
         return natural, None
     z = particles - particles.mean(axis=0)
     rank = int(np.sum(block_ranks(particles, structure))) if not structure.diagonal else d
-    # as many points as particles: a smaller cloud is the coarser quadrature, and its own
-    # bias would pass for the particles' (GARCH, N = 640, D = 4: an 8-point cloud ended the
-    # fit 0.43 sds from the Gaussian optimum)
-    weights = matching_cloud(z, max(2 * max(rank, 1), n + n % 2), rng)
+    weights = matching_cloud(z, 2 * max(rank, 1), rng)
     search = SearchState(zero, weights.astype(dtype), inf, particles.copy(), inf, inf, zero)
     return natural, search
 
