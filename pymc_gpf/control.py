@@ -440,9 +440,9 @@ class Stochastic(Control):
         if not history:
             return True
         d1 = float(np.max(np.abs(mean - history[-1]) / self._scale))
-        if d1 >= self.tol or d1 == 0.0:
-            return d1 > 0.0
-        if len(history) < 2:
+        if d1 == 0.0:
+            return False
+        if d1 >= self.tol or len(history) < 2:
             return True
         d0 = float(np.max(np.abs(history[-1] - history[-2]) / self._scale))
         r = d1 / d0 if d0 > 0 else math.inf

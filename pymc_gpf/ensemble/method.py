@@ -362,7 +362,7 @@ class Ensemble(FlowInference):
         state = self.approx.state
         logp = np.asarray(state.logp.get_value())
         far = outlying(-logp)
-        if not far.any() or far.all():
+        if not far.any():  # never all: the median is not far above itself
             return 0
         best = np.argsort(-logp)[: int(far.sum())]
         worst = np.flatnonzero(far)[np.argsort(logp[far])]
