@@ -11,8 +11,8 @@ are :data:`REASONS`. The rules:
   cloud of the same Gaussian has not improved for ``patience`` accepted steps near the
   fixed point (the particles have begun to fit their own positions: finite-N bias), the
   state with the best independent value is restored and re-evaluated, and the fit ends
-  there only if its decrement is below ``tol**2`` (else GPF grows its cloud, or ends
-  **overfitting**, not converged); **stalled** when backtracking shrank the step below
+  there only if its decrement is below ``tol**2`` (else GPF grows its cloud or continues
+  with fresh draws; with an explicit ``n_particles`` it ends **overfitting**, not converged); **stalled** when backtracking shrank the step below
   ``1e-12`` without a decrease from a state that had not converged.
 * :class:`Stochastic` (GF's fresh draws, minibatches, WVGD): the trace is cut into windows
   of ``max(20, 4 / rate)`` steps. When a window's mean free energy is not significantly

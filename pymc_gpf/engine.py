@@ -50,6 +50,7 @@ __all__ = ["FlowInference", "configure"]
 END_STREAM = 4  # a method's draws at the end of a fit (WVGD's cell weights on minibatches)
 CHECK_STREAM = 5  # the verdict's draws, per step count
 HYPER_STREAM = 6  # the hyperparameters' draws of q, per step
+FRESH_STREAM = 7  # GPF's continuation with fresh draws (pymc_gpf.gpf.fresh)
 HYPER_DRAWS, HYPER_MAX_DRAWS, HYPER_BATCH = 4096, 32768, 512  # q's draws for θ's step
 
 

@@ -16,15 +16,18 @@ import xarray as xr
 from pymc_gpf.approximation import GaussianApproximation, ParticlesMixin
 from pymc_gpf.checks import check_particles, renamed
 from pymc_gpf.control import Control, Deterministic
-from pymc_gpf.engine import FlowInference
+from pymc_gpf.engine import FRESH_STREAM, FlowInference
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gpf import flow, held
 from pymc_gpf.gpf.config import GPFConfig
+from pymc_gpf.gpf.fresh import fresh_draws_fit
 from pymc_gpf.gpf.particles import (
     BIAS_DRAWS,
     ParticleStages,
     biased_message,
     can_double,
+    cap_would_converge,
+    cloud_of,
     restart_cloud,
     start_cloud,
 )
@@ -168,6 +171,7 @@ class GPF(FlowInference):
         config, target = self.config, self.target
         self.structure = parse_structure(config.structure, target)
         self._stages = ParticleStages()
+        self._fresh = None  # GF's fit that continued this run (fresh.py), its trace to record
         self.resolved = config
         if self.initial_particles is not None:
             particles = check_particles(self.initial_particles, target.dtype, target.labels, "N", 2)
@@ -222,13 +226,28 @@ class GPF(FlowInference):
             return reason
         if reason == "overfitting":
             self._stages.final_free_energy = self._auto.finish(restore_best=True)
+            if self._may_continue and self._restart_cloud(len(self.approx.particles)):
+                # tested on a fresh cloud of the best Gaussian: its error and the
+                # quadrature's then add up, and the cap's can be estimated
+                self._stages.cloud_checked = True
             self.control.verify()
             return None
         if reason == "unverified":
-            # the best state is not at the particles' fixed point: more particles, or stop
-            # there unconverged (it is nearer the Gaussian optimum than that fixed point)
-            why = {"decrement_at_best": self.control.last_decrement}
-            return None if self._grow(step_count, why) else "overfitting"
+            # the state tested is not at a fixed point: the best one an independent cloud
+            # found (the particles' own is nearer their quadrature than the optimum), or the
+            # particles' fixed point on a fresh cloud (their quadrature is too coarse). More
+            # particles, unless even the cap would not do: then fresh draws every step
+            decrement, n = self.control.last_decrement, len(self.approx.particles)
+            fresh = self._stages.cloud_checked
+            why = {"decrement_fresh_cloud" if fresh else "decrement_at_best": decrement}
+            hopeless = fresh and not cap_would_converge(
+                decrement, n, self.target.ndim, self.fit_options.tol
+            )
+            if not hopeless and self._grow(step_count, why):
+                return None
+            self._stages.begin(n)
+            self._stages.stages[-1] |= why
+            return self._fresh_draws("fresh_cloud" if fresh else "overfitting", step_count)
         if reason == "stalled":
             if self._stages.stall_restarts:
                 return reason
@@ -240,14 +259,65 @@ class GPF(FlowInference):
             return None
         if reason != "converged":
             return reason
-        self._stages.final_free_energy = self._auto.finish(restore_best=False)
         if not self.resolved.auto_particles:
+            self._stages.final_free_energy = self._auto.finish(restore_best=False)
             return reason
+        checked = self._stages.cloud_checked or not self._may_continue
+        if not checked and self._restart_cloud(len(self.approx.particles)):
+            # the fixed point is the particles' quadrature's: a fresh cloud of the same
+            # Gaussian must find it at a fixed point too (else it is off the optimum by
+            # more than tol, and the cloud grows)
+            self._stages.cloud_checked = True
+            self.control.verify()
+            return None
+        self._stages.final_free_energy = self._auto.finish(restore_best=False)
         decision = self._stages.check(self.approx, self._method_rng)
         self.record.count(densities=BIAS_DRAWS)
         if decision != "double":
-            return reason if decision == "unbiased" else decision
-        return None if self._grow(step_count, {}) else "biased"
+            return reason if decision == "unbiased" else self._fresh_draws(decision, step_count)
+        return None if self._grow(step_count, {}) else self._fresh_draws("biased", step_count)
+
+    def _fresh_draws(self, reason: str, step_count: int) -> str:
+        """At the cap of the automatic ``n_particles`` the particles' fixed point is still
+        biased (``reason``): GF's flow continues from their Gaussian (:mod:`.fresh`) with
+        the steps left, and its outcome is the fit's (if :attr:`_may_continue`)."""
+        steps = self._step_limit - step_count
+        ending = "biased" if reason == "fresh_cloud" else reason
+        if not self._may_continue or steps < 1:
+            return ending
+        seed = int(self.stream(FRESH_STREAM).generate_state(1)[0])
+        gf = fresh_draws_fit(self.approx.gaussian(), self, self.fit_options, steps, seed)
+        if gf is None:
+            return ending
+        self.record.count(gf.gradient_evaluations, gf.density_evaluations)
+        n = len(self.approx.particles)
+        cloud = cloud_of(gf.approx.mean.get_value(), gf.approx.factor, n, self._method_rng)
+        self._auto.restart(cloud.astype(self.target.dtype))
+        self._stages.begin(n)
+        self._stages.stages.append({
+            "step": step_count, "n_particles": n, "fresh_draws": reason,
+            "message": gf.outcome.message,
+        })  # fmt: skip
+        self._stages.final_free_energy = gf.final_free_energy
+        self._fresh = gf
+        return gf.outcome.reason
+
+    @property
+    def _may_continue(self) -> bool:
+        """GF's flow may continue a biased fit (not with an explicit ``n_particles``, where
+        the user chose the quadrature, nor while learning hyperparameters)."""
+        return self.resolved.auto_particles and not self.fit_options.more_obj_params
+
+    def _run(self, n: int, progressbar: bool, progressbar_theme) -> None:
+        self._step_limit = self.state.i + n  # what a continuation with fresh draws may take
+        super()._run(n, progressbar, progressbar_theme)
+
+    def _record_run(self, result, n: int) -> None:
+        gf, self._fresh = self._fresh, None
+        if gf is not None:  # its steps follow the particles' in the trace
+            result.free_energies = np.concatenate([result.free_energies, gf.hist])
+            result.step_sizes = np.concatenate([result.step_sizes, gf.step_sizes])
+        super()._record_run(result, n)
 
     def _hyper_points(self, rng: np.random.Generator, draws: int) -> tuple[np.ndarray, bool]:
         if self.target.minibatch:  # each batch of draws its own minibatch: a noise estimate
@@ -288,6 +358,19 @@ class GPF(FlowInference):
         return True
 
     def _describe(self, reason: str) -> str:
+        last = self.stages[-1] if self.stages else {}
+        if "fresh_draws" in last:
+            why = {
+                "biased": "its free energy below an independent estimate",
+                "fresh_cloud": "a fresh cloud of the same Gaussian found it off a fixed point",
+                "overfitting": "where an independent cloud's free energy was lowest it was "
+                "not at a fixed point",
+            }[last["fresh_draws"]]
+            return (
+                f"{last['message']}; GF's flow (fresh draws of q every step) continued from "
+                f"step {last['step']}, because with {last['n_particles']} particles the "
+                f"particles' own fixed point was off the Gaussian optimum ({why})"
+            )
         if reason == "biased":
             return biased_message(self.stages[-1])
         if reason == "overfitting":

@@ -27,6 +27,7 @@ from pymc_gpf.protocols import FittedApproximation
 __all__ = [
     "ParticleStages",
     "check_init_scale",
+    "cloud_of",
     "default_n_particles",
     "restart_cloud",
     "start_cloud",
@@ -111,7 +112,13 @@ def restart_cloud(particles: np.ndarray, n: int, rng: np.random.Generator) -> np
     _, s, vt = np.linalg.svd(particles - mean, full_matrices=False)
     rank = int(np.sum(s > s[0] * max(particles.shape) * np.finfo(particles.dtype).eps))
     factor = vt[:rank].T * (s[:rank] / np.sqrt(len(particles)))
-    return (mean + antithetic_cloud(n, rank, rng) @ factor.T).astype(particles.dtype)
+    return cloud_of(mean, factor, n, rng).astype(particles.dtype)
+
+
+def cloud_of(mean: np.ndarray, factor: np.ndarray, n: int, rng: np.random.Generator):
+    """``n`` antithetic particles with exactly the mean ``mean`` and covariance
+    ``factor @ factor.T`` (``factor`` ``(D, K)``, ``n >= 2 K``)."""
+    return mean + antithetic_cloud(n, factor.shape[1], rng) @ factor.T
 
 
 def is_biased(gap: float, mcse: float) -> bool:
@@ -125,8 +132,22 @@ def can_double(n: int, ndim: int) -> bool:
     return n < default_n_particles(ndim) * 2**MAX_DOUBLINGS
 
 
+def cap_would_converge(decrement: float, n: int, ndim: int, tol: float) -> bool:
+    """Whether the cap of the automatic ``n_particles`` can be expected to pass the fresh
+    cloud's test that ``n`` particles failed with ``decrement``: a quadrature's error has a
+    variance proportional to ``1/N``, and so has the decrement it leaves."""
+    return decrement * n / (default_n_particles(ndim) * 2**MAX_DOUBLINGS) < tol**2
+
+
 def biased_message(last_stage: dict) -> str:
     """Why a fit at the cap of the automatic ``n_particles`` is not trusted."""
+    if "gap" not in last_stage:
+        return (
+            f"finite-N bias: with {last_stage['n_particles']} particles a fresh cloud of the "
+            "same Gaussian is not at a fixed point (natural-gradient decrement "
+            f"{last_stage['decrement_fresh_cloud']:.3g}), so q is not the best Gaussian; fit "
+            "with method='gf' (fresh draws every step, no such bias) or use NUTS"
+        )
     return (
         f"finite-N bias: with {last_stage['n_particles']} particles (the cap of the automatic "
         f"n_particles) the free energy is still {last_stage['gap']:.3g} ± "
@@ -144,6 +165,7 @@ class ParticleStages:
     stages: list[dict] = field(default_factory=list)
     final_free_energy: float | None = None
     stall_restarts: int = 0  # fresh clouds drawn after a stall (at most one)
+    cloud_checked: bool = False  # this stage's fixed point was tested on a fresh cloud
 
     def begin(self, n: int) -> None:
         """Record the first stage (``n`` particles from step 0) if nothing has yet."""
@@ -165,16 +187,24 @@ class ParticleStages:
     def checkpoint(self, rng: np.random.Generator) -> dict:
         """JSON-able, with the state of the checks' random stream ``rng``."""
         extra = {"stages": self.stages, "final_free_energy": self.final_free_energy}
-        return extra | {"cloud_rng": rng.bit_generator.state, "stall_restarts": self.stall_restarts}
+        return extra | {
+            "cloud_rng": rng.bit_generator.state,
+            "stall_restarts": self.stall_restarts,
+            "cloud_checked": self.cloud_checked,
+        }
 
     @classmethod
     def load(cls, extra: dict, rng: np.random.Generator) -> ParticleStages:
         """What :meth:`checkpoint` wrote; restores ``rng``'s state too."""
         rng.bit_generator.state = extra["cloud_rng"]
-        return cls(extra["stages"], extra["final_free_energy"], extra.get("stall_restarts", 0))
+        return cls(
+            extra["stages"], extra["final_free_energy"], extra.get("stall_restarts", 0),
+            extra.get("cloud_checked", False),
+        )  # fmt: skip
 
     def restart(self, step: int, n_particles: int) -> None:
         self.final_free_energy = None
+        self.cloud_checked = False
         self.stages.append({"step": step, "n_particles": n_particles})
 
     def settings(self) -> dict:
