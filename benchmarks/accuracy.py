@@ -32,6 +32,8 @@ METRICS = {  # CSV metric: (Row field, unit)
     "pareto_khat": ("khat", ""), "free_energy_gap": ("gap", "nats"), "silent": ("silent", ""),
     "psis_max_abs_eps_mean": ("psis_mean", "ref sd"),
     "psis_max_abs_eps_sd": ("psis_sd", "fraction"), "check_seconds": ("check_seconds", "s"),
+    "optimum_max_abs_eps_mean": ("opt_mean", "optimum sd"),
+    "optimum_max_abs_eps_sd": ("opt_sd", "fraction"),
 }  # fmt: skip
 
 
@@ -51,6 +53,8 @@ class Row:
     check_seconds: float = NAN
     psis_mean: float = NAN
     psis_sd: float = NAN
+    opt_mean: float = NAN  # q against the exact Gaussian-VI optimum (unconstrained, its sds)
+    opt_sd: float = NAN
     stop: str = ""
     verdict: str = ""
     warned: bool | None = None  # None: the method has no warnings to give
@@ -92,11 +96,21 @@ def anchor_row(label: str, out: anchors.AnchorResult, errors) -> Row:
                   warned=warned)  # fmt: skip
 
 
-def optimum_row(model, errors, draws: int, **kwargs) -> Row:
+def optimum_row(model, errors, draws: int, **kwargs) -> tuple[Row, optimum.GaussianOptimum]:
     opt = optimum.gaussian_optimum(model, draws=draws, **kwargs)
     values = optimum.constrained_draws(model, opt, 10_000, seed=1)
     note = f"ELBO {opt.elbo:.3f} ± {opt.elbo_mcse:.3f}; seed-to-seed {opt.agreement:.1g}"
-    return scored(OPTIMUM, errors(values), opt.wall_time, opt.grad_evals, NAN, 0, note=note)
+    row = scored(OPTIMUM, errors(values), opt.wall_time, opt.grad_evals, NAN, 0, note=note)
+    return row, opt
+
+
+def to_optimum(approx, opt: optimum.GaussianOptimum) -> tuple[float, float]:
+    """max |m - m*| / sd* and max |sd / sd* - 1| of a Gaussian q against the optimum, over
+    the unconstrained coordinates (both in ``BatchedTarget(model)``'s order)."""
+    q = approx.gaussian()
+    sd_opt = np.sqrt(np.sum(opt.chol**2, axis=1))
+    return (float(np.max(np.abs(q.mean - opt.mean) / sd_opt)),
+            float(np.max(np.abs(np.sqrt(q.marginal_variances()) / sd_opt - 1))))  # fmt: skip
 
 
 def summary(results: list[list[Row]]) -> dict[str, dict]:
@@ -193,7 +207,7 @@ def reference(ctx) -> str:
         errors = lambda values, case=case: reference_errors(case, values)  # noqa: E731
         print(f"   {case.name}: Gaussian-VI optimum", flush=True)
         rows = results[case.name] = [optimum_row(case.model, errors, ctx.pick(2**12, 2**16),
-                                                 seed=0)]  # fmt: skip
+                                                 seed=0)[0]]  # fmt: skip
         for method in harness.select(REFERENCE_METHODS, labels):
             print(f"   {case.name}: {method.label}", flush=True)
             rows.append(fit_reference(case, method))
@@ -260,8 +274,9 @@ HARD_OURS = {"GPF": ("gpf", {}), "GF": ("gf", {}), "WVGD": ("wvgd", {}),
              "Repulsive ensemble": ("ensemble", {"kind": "repulsive"})}  # fmt: skip
 
 
-def fit_hard(case: cases.HardCase, label: str, errors) -> Row:
-    """One method at its defaults on a hard case (ours: ``pm.fit(method=...)``)."""
+def fit_hard(case: cases.HardCase, label: str, errors, opt=None) -> Row:
+    """One method at its defaults on a hard case (ours: ``pm.fit(method=...)``; a Gaussian
+    one also against the Gaussian-VI optimum ``opt``)."""
     model = case.build()
     if label in HARD_OURS:
         method, kwargs = HARD_OURS[label]
@@ -277,6 +292,8 @@ def fit_hard(case: cases.HardCase, label: str, errors) -> Row:
         row = scored(label, errors(values), fit.seconds, fit.grads, fit.steps).fit_outcome(fit)
         if method != "ensemble":
             row.psis_mean, row.psis_sd = errors(sample(fit.approx, 10_000, 3, psis=True))
+        if method in ("gpf", "gf") and opt is not None:
+            row.opt_mean, row.opt_sd = to_optimum(fit.approx, opt)
         return row
     if label.startswith("ADVI"):
         fit = harness.fit_defaults("advi", model, backend=None)
@@ -309,21 +326,24 @@ def hard(ctx) -> str:
 
         print(f"   {name}: Gaussian-VI optimum", flush=True)
         draws = ctx.pick(2**10, case.optimum_draws)
-        rows = [optimum_row(case.build(), errors, draws, check_draws=max(draws, 2**12),
-                            initial=ref.get("flat"))]  # fmt: skip
+        first, opt = optimum_row(case.build(), errors, draws, check_draws=max(draws, 2**12),
+                                 initial=ref.get("flat"))  # fmt: skip
+        rows = [first]
         rows[0].densities = NAN
         for label in labels:
             print(f"   {name}: {label}", flush=True)
-            rows.append(fit_hard(case, label, errors))
+            rows.append(fit_hard(case, label, errors, opt))
         results.append(rows)
         for r in rows:
             r.record(ctx, name, "max_abs_eps_mean max_abs_eps_sd seconds grad_evals silent "
-                     "psis_max_abs_eps_mean psis_max_abs_eps_sd check_seconds pareto_khat", NAN,
+                     "psis_max_abs_eps_mean psis_max_abs_eps_sd check_seconds pareto_khat "
+                     "optimum_max_abs_eps_mean optimum_max_abs_eps_sd", NAN,
                      f"{r.stop} {r.verdict} {r.note}".strip())  # fmt: skip
         body = [[r.label, fmt(r.max_mean, 2), pct(r.max_sd),
                  "" if r.label == OPTIMUM else ("yes" if r.accurate else "no"), r.verdict,
                  "" if r.label == OPTIMUM or r.warned is None else ("yes" if r.warned else "no"),
                  "**SILENT**" if r.silent else "", cell(r.psis_mean, 2), pct(r.psis_sd, blank=""),
+                 cell(r.opt_mean, 2), pct(r.opt_sd, blank=""),
                  cell(r.khat, 2), fmt(r.grads, 3), fmt(r.seconds, 3), cell(r.check_seconds, 2),
                  r.stop, r.note] for r in rows]  # fmt: skip
         info = ref["info"]
@@ -332,7 +352,8 @@ def hard(ctx) -> str:
             f"{info['sampler']}, {info['seconds']} s, smallest ESS {info['min_ess']:.0f}, largest "
             f"R-hat {info['max_rhat']}, {info['divergences']} divergences.\n\n" + md_table(
                 "method | max abs ε_μ | max abs ε_σ | accurate | verdict | warned | silent | "
-                "PSIS ε_μ | PSIS ε_σ | k̂ | grad evals | wall (s) | check (s) | stop | note",
+                "PSIS ε_μ | PSIS ε_σ | ε_μ vs optimum | ε_σ vs optimum | k̂ | grad evals | "
+                "wall (s) | check (s) | stop | note",
                 body))  # fmt: skip
     body = [[label, s["accurate"], s["reachable"], s["silent"], s["trusted"],
              fmt(float(np.nanmedian([r.seconds for r in s["rows"]])), 3)]
