@@ -12,8 +12,9 @@ are :data:`REASONS`. The rules:
   fixed point (the particles have begun to fit their own positions: finite-N bias), the
   state with the best independent value is restored and re-evaluated, and the fit ends
   there only if its decrement is below ``tol**2`` (else GPF grows its cloud or continues
-  with fresh draws; with an explicit ``n_particles`` it ends **overfitting**, not converged); **stalled** when backtracking shrank the step below
-  ``1e-12`` without a decrease from a state that had not converged.
+  with fresh draws; with an explicit ``n_particles`` it ends **overfitting**, not
+  converged); **stalled** when backtracking shrank the step below ``1e-12`` without a
+  decrease from a state that had not converged.
 * :class:`Stochastic` (GF's fresh draws, minibatches, WVGD): the trace is cut into windows
   of ``max(20, 4 / rate)`` steps. When a window's mean free energy is not significantly
   below the previous one's (one-sided test at 5 %: while the free energy still falls by
