@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import cached_property
@@ -17,6 +19,7 @@ from pymc_gpf.approximation import GaussianApproximation, ParticlesMixin
 from pymc_gpf.checks import check_particles, renamed
 from pymc_gpf.control import Control, Deterministic
 from pymc_gpf.engine import FRESH_STREAM, FlowInference
+from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gpf import flow, held
 from pymc_gpf.gpf.config import GPFConfig
@@ -31,6 +34,7 @@ from pymc_gpf.gpf.particles import (
     restart_cloud,
     start_cloud,
 )
+from pymc_gpf.loop import fit_outcome
 from pymc_gpf.options import AUTO, FitOptions, resolve_natural_mean
 from pymc_gpf.start import initial_centre
 from pymc_gpf.stepgraph import StepGraph
@@ -172,6 +176,7 @@ class GPF(FlowInference):
         self.structure = parse_structure(config.structure, target)
         self._stages = ParticleStages()
         self._fresh = None  # GF's fit that continued this run (fresh.py), its trace to record
+        self._gf = None  # and the one that continues any refine (in memory: not saved)
         self.resolved = config
         if self.initial_particles is not None:
             particles = check_particles(self.initial_particles, target.dtype, target.labels, "N", 2)
@@ -291,16 +296,21 @@ class GPF(FlowInference):
             return ending
         self.record.count(gf.gradient_evaluations, gf.density_evaluations)
         n = len(self.approx.particles)
-        cloud = cloud_of(gf.approx.mean.get_value(), gf.approx.factor, n, self._method_rng)
-        self._auto.restart(cloud.astype(self.target.dtype))
         self._stages.begin(n)
         self._stages.stages.append({
             "step": step_count, "n_particles": n, "fresh_draws": reason,
             "message": gf.outcome.message,
         })  # fmt: skip
-        self._stages.final_free_energy = gf.final_free_energy
-        self._fresh = gf
+        self._adopt(gf)
+        self._fresh = self._gf = gf
         return gf.outcome.reason
+
+    def _adopt(self, gf) -> None:
+        """The particles represent GF's q exactly (same mean and covariance)."""
+        n = len(self.approx.particles)
+        cloud = cloud_of(gf.approx.mean.get_value(), gf.approx.factor, n, self._method_rng)
+        self._auto.restart(cloud.astype(self.target.dtype))
+        self._stages.final_free_energy = gf.final_free_energy
 
     @property
     def _may_continue(self) -> bool:
@@ -310,7 +320,24 @@ class GPF(FlowInference):
 
     def _run(self, n: int, progressbar: bool, progressbar_theme) -> None:
         self._step_limit = self.state.i + n  # what a continuation with fresh draws may take
-        super()._run(n, progressbar, progressbar_theme)
+        if self._gf is None or not n:
+            super()._run(n, progressbar, progressbar_theme)
+            return
+        # the fit went on with GF's flow: refine continues that (its schedule, its average)
+        gf = self._gf
+        done, grads, densities = len(gf.hist), gf.gradient_evaluations, gf.density_evaluations
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FitWarning)  # the verdict below says it once
+            gf.refine(n, progressbar=progressbar)
+        self.record.count(gf.gradient_evaluations - grads, gf.density_evaluations - densities)
+        self.record.extend(gf.hist[done:], gf.step_sizes[done:], False)
+        self.state = self.state._replace(i=len(self.hist))
+        self._adopt(gf)
+        self._stages.stages[-1]["message"] = gf.outcome.message
+        reason = gf.outcome.reason
+        message = self.end_message(reason)
+        self.record.conclude(fit_outcome(reason, n, len(self.hist), self.fit_options, message))
+        self._give_verdict(reason)
 
     def _record_run(self, result, n: int) -> None:
         gf, self._fresh = self._fresh, None
