@@ -109,14 +109,17 @@ class GPF(FlowInference):
 
     By default the step is natural, its size found by backtracking, and the fit stops by
     itself; the particles start as an antithetic cloud and, with ``n_particles="auto"``,
-    double while the free energy is biased (:mod:`pymc_gpf.gpf.step`).
+    double while a fresh cloud of the same Gaussian finds their fixed point off the
+    optimum, or GF's fresh draws finish the fit where more particles would not do
+    (:mod:`pymc_gpf.gpf.step`, :mod:`pymc_gpf.gpf.fresh`).
 
     Parameters
     ----------
     n_particles
-        ``"auto"`` (default): ``2 max(D, 10)`` (at most 1000), doubled while the free energy
-        is significantly biased. A number ``N >= 2`` is used as given; ``N <= D`` fits the
-        top directions only (Theorem 3).
+        ``"auto"`` (default): ``2 max(D, 10)`` (at most 1000), doubled (at most to 8 times
+        that) while a fresh cloud finds the fixed point off, then continued by GF's flow if
+        needed. A number ``N >= 2`` is used as given; ``N <= D`` fits the top directions
+        only (Theorem 3).
     structure
         ``"full"``, ``"diagonal"`` (mean field), ``"variables"`` (one block per free
         variable) or a list of lists of variable names (block-diagonal, §3.5).
@@ -225,8 +228,10 @@ class GPF(FlowInference):
 
     def _on_stop(self, reason: str, step_count: int) -> str | None:
         """Every early stop must leave a converged state (:class:`Deterministic`): restore
-        the best state and test it, grow the cloud while the particles' free energy is
-        biased, restart a stalled cloud once."""
+        the best state and test it; test a fixed point on a fresh cloud of the same
+        Gaussian; grow the cloud while that test, or the free energy's value, says its
+        quadrature is too coarse and the cap could pass, else continue with fresh draws
+        (:meth:`_fresh_draws`); restart a stalled cloud once."""
         if not (self.fit_options.auto and self._line_search):
             return reason
         if reason == "overfitting":
@@ -283,9 +288,10 @@ class GPF(FlowInference):
         return None if self._grow(step_count, {}) else self._fresh_draws("biased", step_count)
 
     def _fresh_draws(self, reason: str, step_count: int) -> str:
-        """At the cap of the automatic ``n_particles`` the particles' fixed point is still
-        biased (``reason``): GF's flow continues from their Gaussian (:mod:`.fresh`) with
-        the steps left, and its outcome is the fit's (if :attr:`_may_continue`)."""
+        """The particles' fixed point is off the Gaussian optimum (``reason``) and more of
+        them would not do (the cap, or a quadrature too coarse even there): GF's flow
+        continues from their Gaussian (:mod:`.fresh`) with the steps left, and its outcome
+        is the fit's (if :attr:`_may_continue`)."""
         steps = self._step_limit - step_count
         ending = "biased" if reason == "fresh_cloud" else reason
         if not self._may_continue or steps < 1:

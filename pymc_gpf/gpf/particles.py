@@ -2,10 +2,11 @@
 (NumPy, between steps).
 
 The automatic start is ``2 max(D, 10)`` particles in an antithetic, exactly whitened cloud
-(:mod:`pymc_gpf.clouds`). When the fit stops, an independent Monte Carlo ``-ELBO`` of the
-fitted Gaussian checks the particles' free energy for finite-N bias; a significant gap
-restarts the fit from the same Gaussian with twice the particles (at most 8 times the
-start).
+(:mod:`pymc_gpf.clouds`). When the fit would stop, a fresh cloud of the same Gaussian must
+find it at a fixed point too, and an independent Monte Carlo ``-ELBO`` checks the particles'
+free energy for finite-N bias; a failure restarts the fit from the same Gaussian with twice
+the particles (at most 8 times the start) while the cap can be expected to pass
+(:func:`cap_would_converge`), else GF's flow finishes it (:mod:`pymc_gpf.gpf.fresh`).
 """
 
 from __future__ import annotations
