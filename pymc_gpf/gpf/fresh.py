@@ -1,4 +1,4 @@
-"""GPF past the cap of its automatic ``n_particles``: fresh draws from the particles' Gaussian.
+"""GPF where its particles cannot reach the Gaussian optimum: fresh draws from their Gaussian.
 
 A fixed cloud of ``N`` particles is a quadrature of the free energy, and on a non-Gaussian
 posterior its fixed point misses the Gaussian optimum by an error that shrinks only as
@@ -7,8 +7,9 @@ posterior its fixed point misses the Gaussian optimum by an error that shrinks o
 Poisson regression (D = 33) 0.6 at N = 528. Doubling the cloud is no cure there. GF's flow
 (:mod:`pymc_gpf.gf`) is the same natural-gradient flow with fresh draws of q every step and
 Polyak averaging, whose fixed point is the optimum itself: when the particles' fixed point
-is still biased at the cap, it continues from their Gaussian, and the particles then
-represent its result exactly (an antithetic cloud with its mean and covariance).
+fails its test on a fresh cloud and more particles would not pass it (or at the cap), GF
+continues from their Gaussian, and the particles then represent its result exactly (an
+antithetic cloud with its mean and covariance).
 """
 
 from __future__ import annotations

@@ -404,6 +404,11 @@ class GPF(FlowInference):
                 f"step {last['step']}, because with {last['n_particles']} particles the "
                 f"particles' own fixed point was off the Gaussian optimum ({why})"
             )
+        if reason == "converged" and self._stages.cloud_checked:
+            return (
+                f"{super()._describe(reason)}; a fresh cloud of the same Gaussian found it at "
+                f"a fixed point too (decrement {self.control.last_decrement:.2g})"
+            )
         if reason == "biased":
             return biased_message(self.stages[-1])
         if reason == "overfitting":

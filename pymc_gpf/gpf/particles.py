@@ -128,16 +128,23 @@ def is_biased(gap: float, mcse: float) -> bool:
     return abs(gap) - 2.0 * mcse > BIAS_FLOOR
 
 
+def particle_cap(ndim: int) -> int:
+    """The most particles the automatic ``n_particles`` grows to: 8 times its start (without
+    :func:`default_n_particles`' warning, which the start gave once)."""
+    start = min(2 * max(ndim, MIN_DEFAULT_PAIRS), MAX_DEFAULT_PARTICLES)
+    return start * 2**MAX_DOUBLINGS
+
+
 def can_double(n: int, ndim: int) -> bool:
     """Whether the automatic ``n_particles`` may still double from ``n``."""
-    return n < default_n_particles(ndim) * 2**MAX_DOUBLINGS
+    return n < particle_cap(ndim)
 
 
 def cap_would_converge(decrement: float, n: int, ndim: int, tol: float) -> bool:
     """Whether the cap of the automatic ``n_particles`` can be expected to pass the fresh
     cloud's test that ``n`` particles failed with ``decrement``: a quadrature's error has a
     variance proportional to ``1/N``, and so has the decrement it leaves."""
-    return decrement * n / (default_n_particles(ndim) * 2**MAX_DOUBLINGS) < tol**2
+    return decrement * n / particle_cap(ndim) < tol**2
 
 
 def biased_message(last_stage: dict) -> str:
