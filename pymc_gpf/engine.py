@@ -51,6 +51,7 @@ END_STREAM = 4  # a method's draws at the end of a fit (WVGD's cell weights on m
 CHECK_STREAM = 5  # the verdict's draws, per step count
 HYPER_STREAM = 6  # the hyperparameters' draws of q, per step
 FRESH_STREAM = 7  # GPF's continuation with fresh draws (pymc_gpf.gpf.fresh)
+WHITEN_STREAM = 8  # WVGD's Gaussian fit whose coordinates it runs in
 HYPER_DRAWS, HYPER_MAX_DRAWS, HYPER_BATCH = 4096, 32768, 512  # q's draws for θ's step
 
 

@@ -41,13 +41,31 @@ def normalised_weights(log_mass: np.ndarray, count: np.ndarray) -> np.ndarray:
 class MixtureQ:
     """``sum_j beta_j q~_j``: ``particles`` ``z_j`` ``(J, D)``, the local Gaussians'
     ``means`` and ``scales`` ``(J, D)``, the cell ``weights`` ``beta`` and each cell's running
-    ``acceptance`` rate (``nan`` before any step; it sizes the rejection sampler's batches)."""
+    ``acceptance`` rate (``nan`` before any step; it sizes the rejection sampler's batches).
+    All in the coordinates ``u`` of ``x = shift + factor u`` (the model's own without a
+    ``factor``): cells, local Gaussians and draws there, mapped to ``x`` on the way out."""
 
     particles: np.ndarray
     means: np.ndarray
     scales: np.ndarray
     weights: np.ndarray
     acceptance: np.ndarray
+    shift: np.ndarray | None = None
+    factor: np.ndarray | None = None
+
+    def to_x(self, u: np.ndarray) -> np.ndarray:
+        """Points ``(K, D)`` of the mixture's coordinates in the model's."""
+        return u if self.factor is None else self.shift + u @ self.factor.T
+
+    def to_u(self, x: np.ndarray) -> np.ndarray:
+        if self.factor is None:
+            return x
+        return np.linalg.solve(self.factor, (x - self.shift).T).T
+
+    @property
+    def log_det(self) -> float:
+        """``log |det factor|``: the density of ``x`` is that of ``u`` over it."""
+        return 0.0 if self.factor is None else float(np.linalg.slogdet(self.factor)[1])
 
     def sample(self, draws: int, rng: np.random.Generator) -> np.ndarray:
         """Choose a cell by ``beta``, then rejection-sample its local Gaussian inside it."""
@@ -73,7 +91,7 @@ class MixtureQ:
                         "Gaussian's draws (its particle lies outside the Gaussian's mass); "
                         "fit longer or with more draws_per_particle."
                     )
-        return out[rng.permutation(draws)]
+        return self.to_x(out[rng.permutation(draws)])
 
     def location(self) -> tuple[np.ndarray, np.ndarray]:
         """q's approximate mean (the cell-weighted particles) in units of its sd (the spread
@@ -87,8 +105,10 @@ class MixtureQ:
 
     def logpdf(self, points: np.ndarray, rng: np.random.Generator, n_draws: int) -> np.ndarray:
         """``log beta_j + log q_j(x) - log Z_j`` for the cell ``j`` containing ``x``, the
-        normalisers ``Z_j = q_j(L_j)`` estimated from ``n_draws`` draws of each ``q_j``."""
+        normalisers ``Z_j = q_j(L_j)`` estimated from ``n_draws`` draws of each ``q_j``
+        (``points`` in the model's coordinates)."""
         particles, means, scales = self.particles, self.means, self.scales
+        points = self.to_u(points)
         log_z = np.empty(len(particles))
         for j in range(len(particles)):
             x = means[j] + scales[j] * rng.standard_normal((n_draws, particles.shape[1]))
@@ -97,7 +117,7 @@ class MixtureQ:
         z = (points - means[cell]) / scales[cell]
         local = -0.5 * np.sum(z**2 + LOG_2PI, axis=1) - np.sum(np.log(scales[cell]), axis=1)
         with np.errstate(divide="ignore"):
-            return np.log(self.weights[cell]) + local - log_z[cell]
+            return np.log(self.weights[cell]) + local - log_z[cell] - self.log_det
 
 
 class MixtureProposal:
@@ -126,6 +146,7 @@ def estimate_log_mass(
     and ``log_density`` (the authors' post-processing): the log masses (``EMPTY_LOG_MASS``
     for a cell none of whose draws fell in it) and the number of densities evaluated."""
     particles, means, scales = q.particles, q.means, q.scales
+    log_det = q.log_det
     log_mass = np.full(len(particles), EMPTY_LOG_MASS)
     evaluated = 0
     for j in range(len(particles)):
@@ -135,7 +156,7 @@ def estimate_log_mass(
         if not keep.any():
             continue
         log_q = -0.5 * np.sum(eps[keep] ** 2 + LOG_2PI, axis=1) - np.sum(np.log(scales[j]))
-        ratio = log_density(x[keep]) - log_q
+        ratio = log_density(q.to_x(x[keep])) + log_det - log_q
         evaluated += int(keep.sum())
         top = np.max(ratio)
         log_mass[j] = top + np.log(np.sum(np.exp(ratio - top)) / draws)

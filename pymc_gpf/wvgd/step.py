@@ -25,10 +25,12 @@ __all__ = [
     "FixedState",
     "NaturalState",
     "WVGDState",
+    "Whitened",
     "evaluate",
     "fixed_step",
     "init_state",
     "natural_step",
+    "whitened",
 ]
 
 # trust region of the automatic step: a local mean moves at most 0.2 local sds per step and
@@ -51,10 +53,16 @@ class WVGDState(NamedTuple):
     accepted_sum: Variable  # (J,)
     step_count: Variable  # ()
     cell_elbos: Variable  # (J,)
+    # the coordinates everything above lives in: x = shift + u factor^T (Whitened)
+    shift: Variable  # (D,)
+    factor: Variable  # (D, D), or (0, D): the model's own coordinates
+    log_det: Variable  # () log |det factor|
 
 
-def init_state(particles: np.ndarray, local_scale: float) -> WVGDState:
-    """Local Gaussians centred on the particles with sd ``local_scale``; no estimates yet."""
+def init_state(particles: np.ndarray, local_scale: float, whiten: bool = False) -> WVGDState:
+    """Local Gaussians centred on the particles with sd ``local_scale``; no estimates yet;
+    the identity map, held as a ``(D, D)`` factor with ``whiten`` (to be set by the
+    whitening fit), else an empty one."""
     j, d = particles.shape
     dtype = particles.dtype
     return WVGDState(
@@ -66,7 +74,41 @@ def init_state(particles: np.ndarray, local_scale: float) -> WVGDState:
         np.zeros(j, dtype=dtype),
         np.zeros((), dtype=dtype),
         np.zeros(j, dtype=dtype),
+        np.zeros(d, dtype=dtype),
+        np.eye(d if whiten else 0, d, dtype=dtype),
+        np.zeros((), dtype=dtype),
     )
+
+
+class Whitened(NamedTuple):
+    """The target in the coordinates ``u`` of ``x = shift + factor u`` (a Gaussian fit's
+    mean and Cholesky factor, so that a near-Gaussian posterior is near ``N(0, I)`` in
+    ``u``): ``log p(x(u)) + log |det factor|`` and its gradient ``factor^T grad log p``."""
+
+    target: BatchedTarget
+    shift: Variable
+    factor: Variable
+    log_det: Variable
+
+    @property
+    def minibatch(self) -> bool:
+        return self.target.minibatch
+
+    def to_x(self, u: Variable) -> Variable:
+        return self.shift + pt.dot(u, self.factor.T)
+
+    def logp_and_grads(
+        self, u: Variable, wrt: Sequence[Variable] = ()
+    ) -> tuple[Variable, Variable, list[Variable]]:
+        logp, grad, hyper = self.target.logp_and_grads(self.to_x(u), wrt)
+        return logp + self.log_det, pt.dot(grad, self.factor), hyper
+
+
+def whitened(target: BatchedTarget, state: WVGDState) -> BatchedTarget | Whitened:
+    """``target`` seen in ``state``'s coordinates (itself where the factor is empty)."""
+    if state.factor.type.shape[0] == 0:
+        return target
+    return Whitened(target, state.shift, state.factor, state.log_det)
 
 
 class Cells(NamedTuple):
@@ -97,7 +139,8 @@ def evaluate(
     j, d = particles.shape[0], target.ndim
     draws = flow.local_draws(means, log_scales, noise)
     points = draws.reshape((j * m, d))
-    logp, grad_logp, _ = target.logp_and_grads(points)
+    seen = whitened(target, state)
+    logp, grad_logp, _ = seen.logp_and_grads(points)
     logp, grad_logp = logp.reshape((j, m)), grad_logp.reshape((j, m, d))
     logq = flow.local_logq(log_scales, noise)
     accepted = flow.accepted_draws(draws, particles)
@@ -124,6 +167,8 @@ def evaluate(
     # with no accepted draw in any cell the bound is stale and nothing can move
     # (e.g. local Gaussians thrown far off by a too-large step)
     free_energy = pt.switch(pt.any(has), -flow.mixture_elbo(elbos, weights), np.nan)
+    if seen is not target:  # where the model was evaluated, for messages naming variables
+        points = seen.to_x(points)
     cells = Cells(
         points, logp, grad_logp, accepted, has, rate, weights, free_energy,
         (d_particles, d_means, d_log_scales),
@@ -149,6 +194,8 @@ class NaturalState(NamedTuple):
 def _info(cells: Cells, new: WVGDState, noise: Variable, free_energy: Variable, **more) -> Info:
     j, (m, d) = cells.grad.shape[0], noise.type.shape[1:]
     positions = flow.local_draws(new.local_means, new.local_log_scales, noise)
+    if new.factor.type.shape[0] != 0:
+        positions = new.shift + pt.dot(positions, new.factor.T)
     return Info(
         free_energy=free_energy,
         points=cells.points,

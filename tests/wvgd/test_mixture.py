@@ -37,3 +37,21 @@ def test_draws_fall_in_their_cells_in_proportion_to_the_weights():
     right = draws[draws[:, 0] > 0, 0]
     truncated_mean = 0.5 + stats.norm.pdf(0.5) / stats.norm.cdf(0.5)
     assert abs(right.mean() - truncated_mean) < 5 * right.std() / np.sqrt(len(right))
+
+
+def test_a_whitened_mixture_is_its_affine_image():
+    """In coordinates ``x = shift + factor u``: draws are the ``u``-mixture's mapped, and the
+    density is the ``u``-density over ``|det factor|`` (one cell: exactly the Gaussian
+    ``N(shift + factor m, factor diag(s^2) factor^T)``)."""
+    shift, factor = np.array([1.0, -2.0]), np.array([[3.0, 0.0], [1.5, 0.2]])
+    means, scales = np.array([[0.4, -0.3]]), np.array([[0.8, 1.5]])
+    q = MixtureQ(means.copy(), means, scales, np.ones(1), np.ones(1), shift, factor)
+    cov = factor @ np.diag(scales[0] ** 2) @ factor.T
+    exact = stats.multivariate_normal(shift + factor @ means[0], cov)
+    x = exact.rvs(5, random_state=3)
+    np.testing.assert_allclose(q.logpdf(x, np.random.default_rng(0), 10), exact.logpdf(x))
+    draws = q.sample(40_000, np.random.default_rng(4))
+    se = np.sqrt(np.diag(cov) / 40_000)
+    np.testing.assert_array_less(np.abs(draws.mean(0) - exact.mean), 5 * se)
+    np.testing.assert_allclose(np.cov(draws.T), cov, rtol=0.03)
+    np.testing.assert_allclose(q.to_u(q.to_x(means)), means)
