@@ -19,7 +19,7 @@ import pytensor.tensor as pt
 import pymc_gpf
 
 from benchmarks import anchors, cases, harness, optimum
-from benchmarks.harness import Method, cell, fmt, md_table, pct
+from benchmarks.harness import Method, fmt, md_table, pct
 
 GOOD = 0.1  # accurate: max |ε_μ| < 0.1 sd and max |ε_σ| < 10 %
 OPTIMUM = "exact Gaussian-VI optimum"
@@ -235,9 +235,10 @@ def reference(ctx) -> str:
         per_nuts = lambda r, n=nuts[-1]: (  # noqa: E731
             fmt(r.grads / n, 2) if np.isfinite(n) and r.label != OPTIMUM else "")  # fmt: skip
         body = [[r.label, fmt(r.max_mean, 2), pct(r.max_sd), fmt(r.wasserstein, 2), fmt(r.grads),
-                 per_nuts(r), cell(r.grads_to_accurate), fmt(r.densities) if r.densities else "",
-                 fmt(r.steps), fmt(r.seconds), r.stop, r.verdict, "**SILENT**" if r.silent else "",
-                 cell(r.khat, 2), cell(r.psis_mean, 2), pct(r.psis_sd, blank=""), cell(r.gap, 2),
+                 per_nuts(r), fmt(r.grads_to_accurate, 3, ""),
+                 fmt(r.densities) if r.densities else "", fmt(r.steps), fmt(r.seconds), r.stop,
+                 r.verdict, "**SILENT**" if r.silent else "", fmt(r.khat, 2, ""),
+                 fmt(r.psis_mean, 2, ""), pct(r.psis_sd, blank=""), fmt(r.gap, 2, ""),
                  r.note.strip()] for r in rows]  # fmt: skip
         parts += [f"### {case.title}\n\n{case.notes}; D = {len(case.parameters)} reference "
                   f"parameters; {case.source}.", md_table(
@@ -335,10 +336,10 @@ def hard(ctx) -> str:
         yes_no = lambda r, flag: (  # noqa: E731
             "" if r.label == OPTIMUM or flag is None else "yes" if flag else "no")  # fmt: skip
         body = [[r.label, fmt(r.max_mean, 2), pct(r.max_sd), yes_no(r, r.accurate), r.verdict,
-                 yes_no(r, r.warned), "**SILENT**" if r.silent else "", cell(r.psis_mean, 2),
-                 pct(r.psis_sd, blank=""), cell(r.opt_mean, 2), pct(r.opt_sd, blank=""),
-                 cell(r.khat, 2), fmt(r.grads), fmt(r.seconds), cell(r.check_seconds, 2), r.stop,
-                 r.note] for r in rows]  # fmt: skip
+                 yes_no(r, r.warned), "**SILENT**" if r.silent else "", fmt(r.psis_mean, 2, ""),
+                 pct(r.psis_sd, blank=""), fmt(r.opt_mean, 2, ""), pct(r.opt_sd, blank=""),
+                 fmt(r.khat, 2, ""), fmt(r.grads), fmt(r.seconds), fmt(r.check_seconds, 2, ""),
+                 r.stop, r.note] for r in rows]  # fmt: skip
         info = ref["info"]
         tables.append(
             f"### {name}\n\n{case.description}; {len(ref['labels'])} scalars compared. Reference: "

@@ -138,10 +138,9 @@ def logistic(ctx) -> str:
             rows.append([
                 label, family(mine[0]), fmt(float(np.nanmedian(nll)) if ok else np.nan, 4),
                 f"{fmt(np.nanmin(nll), 4)}–{fmt(np.nanmax(nll), 4)}" if ok else "—",
-                fmt(float(np.nanmedian([f.final["accuracy"] for f in mine])), 3),
-                fmt(float(np.median([f.steps for f in mine])), 3),
-                fmt(float(np.median([f.grads for f in mine])), 3),
-                fmt(float(np.median([f.ms_per_step for f in mine])), 3),
+                fmt(float(np.nanmedian([f.final["accuracy"] for f in mine]))),
+                *(fmt(float(np.median([getattr(f, k) for f in mine])))
+                  for k in ("steps", "grads", "ms_per_step")),
                 f"{fmt(float(np.median(times)), 2)} ({sum(np.isfinite(times))}/{len(mine)})"
                 if reference else "—",
                 "; ".join(sorted({f.failure for f in mine if f.failure})),
@@ -306,14 +305,14 @@ def lloyd_max(ctx, particles: tuple[int, ...], steps: int) -> tuple[str, str]:
         errors = [float(np.max(np.abs(positions - optimal))),
                   float(np.max(np.abs(np.sort(inference.approx.particles[:, 0]) - optimal))),
                   float(np.max(np.abs(weights - masses)))]  # fmt: skip
-        case = f"N(0,1), J = {j}"
-        ctx.record(case, "WVGD", "max_abs_position_error", errors[0], "", "averaged")
-        ctx.record(case, "WVGD", "max_abs_final_position_error", errors[1], "", "last step")
-        ctx.record(case, "WVGD", "max_abs_weight_error", errors[2])
-        ctx.record(case, "WVGD", "seconds", seconds, "s", "fit incl. compilation")
+        record = lambda *args, case=f"N(0,1), J = {j}": ctx.record(case, "WVGD", *args)  # noqa: E731
+        record("max_abs_position_error", errors[0], "", "averaged")
+        record("max_abs_final_position_error", errors[1], "", "last step")
+        record("max_abs_weight_error", errors[2])
+        record("seconds", seconds, "s", "fit incl. compilation")
         for k, (z, b) in enumerate(zip(positions, weights, strict=True)):
-            ctx.record(case, "WVGD", f"particle[{k}]", z, "", f"optimal {optimal[k]}")
-            ctx.record(case, "WVGD", f"cell_weight[{k}]", b, "", f"optimal {masses[k]}")
+            record(f"particle[{k}]", z, "", f"optimal {optimal[k]}")
+            record(f"cell_weight[{k}]", b, "", f"optimal {masses[k]}")
         rows.append([j, ", ".join(f"{z:+.3f}" for z in positions),
                      ", ".join(f"{z:+.4f}" for z in optimal), fmt(errors[0], 2), fmt(errors[1], 2),
                      ", ".join(f"{b:.3f}" for b in weights), ", ".join(f"{b:.4f}" for b in masses),
