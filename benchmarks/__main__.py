@@ -1,12 +1,5 @@
 """``python -m benchmarks run [--quick] [--only NAME ...] [--out DIR] [--backend B] [--device D]
-[--blas-threads N]``; ``list``.
-
-A section is a function ``run(ctx) -> markdown`` in its module's ``SECTIONS``: every number goes
-through :meth:`Context.record` (one CSV row each), its prose is a template of ``prose.md``. It
-writes a fragment (``sections/NAME.md``, ``NAME.csv``) stamped with the machine, versions and date
-of its run; the report and the joined CSV are rebuilt from the fragments present. The full run
-writes ``docs/benchmarks.md`` (the rest under ``docs/benchmarks/``), ``--quick`` (small settings:
-a smoke run) ``build/benchmarks-quick/``.
+[--blas-threads N]``; ``list``. How the pieces fit: ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -34,13 +27,6 @@ CSV_FIELDS = ["experiment", "case", "method", "metric", "value", "unit", "note"]
 SECTION_MODULES = {"logistic": "papers", "bnn": "papers", "wvgd": "papers", "reference": "accuracy",
                    "hard": "accuracy", "minibatch": "accuracy", "type2": "accuracy",
                    "speed": "speed", "startup": "speed", "scale": "speed"}  # fmt: skip
-INTRO = """# Benchmarks
-
-Regenerate with `python -m benchmarks run` (about two hours on 2 cores; `--only NAME` runs one
-section: {names}). Every number below comes from a run of that script on the machine named
-in its section, and every number is also in [`benchmarks.csv`]({csv}) (one row per number:
-experiment, case, method, metric, value, unit). Nothing here is typed in by hand.
-"""
 
 
 @dataclass
@@ -76,10 +62,14 @@ class Context:
             self.record(case, method, metric, value, unit, note)
 
     def text(self, key: str, **values: Any) -> str:
-        """The template ``@@ key`` of ``prose.md``, its lines joined into paragraphs, filled in."""
-        blocks = re.split(r"^@@ (\S+)\n", PROSE.read_text(), flags=re.MULTILINE)[1:]
-        text = dict(zip(blocks[::2], blocks[1::2], strict=True))[key].strip()
-        return re.sub(r"(?<!\n)\n(?!\n)", " ", text).format(**values)
+        return prose(key, **values)
+
+
+def prose(key: str, **values: Any) -> str:
+    """The template ``@@ key`` of ``prose.md``, its lines joined into paragraphs, filled in."""
+    blocks = re.split(r"^@@ (\S+)\n", PROSE.read_text(), flags=re.MULTILINE)[1:]
+    text = dict(zip(blocks[::2], blocks[1::2], strict=True))[key].strip()
+    return re.sub(r"(?<!\n)\n(?!\n)", " ", text).format(**values)
 
 
 def report_path(out_dir: Path) -> Path:
@@ -127,13 +117,9 @@ def run_section(name: str, quick: bool, out_dir: Path, backend: str | None, devi
     body = run(ctx)
     seconds = time.perf_counter() - start
     options = (" --quick" if quick else "") + (f" --backend {backend}" if backend else "")
-    stamp = (
-        f"*Measured {machine()}; PyTensor backend of the fits: {harness.backend_name(backend)}; "
-        f"this section of `python -m benchmarks run{options}` took {seconds / 60:.1f} min; "
-        f"1-minute load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the "
-        f"end ({os.cpu_count()} cores; the run itself adds about 1, the rest is other processes "
-        "sharing the machine).*"
-    )
+    stamp = prose("stamp", machine=machine(), backend=harness.backend_name(backend),
+                  options=options, minutes=f"{seconds / 60:.1f}", before=f"{load_before:.1f}",
+                  after=f"{os.getloadavg()[0]:.1f}", cores=os.cpu_count())  # fmt: skip
     (out_dir / "sections").mkdir(parents=True, exist_ok=True)
     (out_dir / "sections" / f"{name}.md").write_text(f"## {title}\n\n{stamp}\n\n{body.strip()}\n")
     write_csv(out_dir / "sections" / f"{name}.csv", ctx.records)
@@ -157,7 +143,7 @@ def assemble(out_dir: Path) -> None:
             rows += csv.DictReader(fh)
     write_csv(out_dir / "benchmarks.csv", rows)
     csv_link = os.path.relpath(out_dir / "benchmarks.csv", report.parent)
-    parts = [INTRO.format(names=", ".join(SECTION_MODULES), csv=csv_link)]
+    parts = [prose("intro", names=", ".join(SECTION_MODULES), csv=csv_link) + "\n"]
     parts += [(sections / f"{n}.md").read_text() for n in names]
     if missing := [n for n in SECTION_MODULES if n not in names]:
         parts.append(f"*Not run yet: {', '.join(missing)}.*\n")

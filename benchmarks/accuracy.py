@@ -19,7 +19,7 @@ import pytensor.tensor as pt
 import pymc_gpf
 
 from benchmarks import anchors, cases, harness, optimum
-from benchmarks.harness import Method, cell, fmt, md_table, pct
+from benchmarks.harness import Method, fmt, md_table, pct
 
 GOOD = 0.1  # accurate: max |ε_μ| < 0.1 sd and max |ε_σ| < 10 %
 OPTIMUM = "exact Gaussian-VI optimum"
@@ -100,34 +100,26 @@ def optimum_row(model, errors, draws: int, **kwargs) -> tuple[Row, optimum.Gauss
     opt = optimum.gaussian_optimum(model, draws=draws, **kwargs)
     values = optimum.constrained_draws(model, opt, 10_000, seed=1)
     note = f"ELBO {opt.elbo:.3f} ± {opt.elbo_mcse:.3f}; seed-to-seed {opt.agreement:.1g}"
-    row = scored(OPTIMUM, errors(values), opt.wall_time, opt.grad_evals, NAN, 0, note=note)
-    return row, opt
-
-
-def to_optimum(approx, opt: optimum.GaussianOptimum) -> tuple[float, float]:
-    """max |m - m*| / sd* and max |sd / sd* - 1| of a Gaussian q against the optimum, over
-    the unconstrained coordinates (both in ``BatchedTarget(model)``'s order)."""
-    q = approx.gaussian()
-    sd_opt = np.sqrt(np.sum(opt.chol**2, axis=1))
-    return (float(np.max(np.abs(q.mean - opt.mean) / sd_opt)),
-            float(np.max(np.abs(np.sqrt(q.marginal_variances()) / sd_opt - 1))))  # fmt: skip
+    return scored(OPTIMUM, errors(values), opt.wall_time, opt.grad_evals, NAN, 0, note=note), opt
 
 
 def summary(results: list[list[Row]]) -> dict[str, dict]:
     """Per method over the cases (``results[case][0]`` the optimum): its rows and the counts
     accurate, accurate where the optimum is, silent, accurate when trustworthy."""
-    reachable = [rows for rows in results if rows[0].accurate]
     out = {}
-    for label in [r.label for r in results[0][1:]]:
-        rs = [next(r for r in rows if r.label == label) for rows in results]
-        trusted = [r for r in rs if r.verdict == "trustworthy"]
-        where = sum(next(r for r in rows if r.label == label).accurate for rows in reachable)
+    for i, label in enumerate(r.label for r in results[0][1:]):
+        rs = [rows[i + 1] for rows in results]
+        trusted = [r.accurate for r in rs if r.verdict == "trustworthy"]
+        where = [r.accurate for rows, r in zip(results, rs, strict=True) if rows[0].accurate]
         out[label] = {"rows": rs, "accurate": f"{sum(r.accurate for r in rs)}/{len(rs)}",
-                      "reachable": f"{where}/{len(reachable)}",
+                      "reachable": f"{sum(where)}/{len(where)}",
                       "silent": str(sum(r.silent for r in rs)),
-                      "trusted": f"{sum(r.accurate for r in trusted)}/{len(trusted)}"
-                      if trusted else "—"}  # fmt: skip
+                      "trusted": f"{sum(trusted)}/{len(trusted)}" if trusted else "—"}  # fmt: skip
     return out
+
+
+def median(values) -> float:
+    return float(np.nanmedian(list(values)))
 
 
 # ------------------------------------------------------------------------------ reference
@@ -167,13 +159,13 @@ def fit_reference(case: cases.ReferenceCase, method: Method, seed: int = 1) -> R
 
     def check(approx) -> dict[str, float]:
         values = constrained(harness.flat_sample(approx, 2_000, seed))
-        errors = harness.max_errors(case.columns(values), case.ref_mean, case.ref_sd)
-        return dict(zip(("max_eps_mean", "max_eps_sd"), errors, strict=True))
+        return {"max_eps": max(harness.max_errors(case.columns(values), case.ref_mean,
+                                                  case.ref_sd))}  # fmt: skip
 
     run = harness.fit_method(method, case.model, 10_000, seed, check=check,
                              check_at=harness.geometric_steps(10_000, per_decade=8))  # fmt: skip
     errors = reference_errors(case, constrained(harness.flat_sample(run.approx, 10_000, seed)))
-    accurate = [r["grads"] for r in run.checks if max(r["max_eps_mean"], r["max_eps_sd"]) < GOOD]
+    accurate = [r["grads"] for r in run.checks if r["max_eps"] < GOOD]
     inference, ours = run.inference, method.method in harness.OURS
     row = scored(method.label, errors, run.first_call_seconds + run.seconds, run.grads, run.steps,
                  inference.density_evaluations if ours else 0, note=run.failure or "",
@@ -198,32 +190,35 @@ def fit_reference(case: cases.ReferenceCase, method: Method, seed: int = 1) -> R
     return row
 
 
+def reference_anchor(label: str, model, errors) -> Row:
+    """pymc-extras' DADVI or Pathfinder; a failure without draws is a row of its cost."""
+    out = getattr(anchors, f"run_{label.split()[0].lower()}")(model, random_seed=1)
+    if not out.status.startswith("ok") and not out.draws:
+        row = Row(label, seconds=out.wall_time, grads=out.grad_evals, note=out.status,
+                  densities=out.logp_evals, warned=False)  # fmt: skip
+    else:
+        row = anchor_row(label, out, errors)
+        row.note = "" if out.status == "ok" else out.status[:80]
+    if out.hvp_evals:
+        row.note = f"{out.hvp_evals} Hessian-vector products. {row.note}".strip()
+    return row
+
+
 def reference(ctx) -> str:
     names = ctx.pick(("sblrc-blr",), None)
     labels = ctx.pick(("GPF (defaults)", "GF (defaults)", "ADVI (defaults)"), None)
     chosen = [c for c in cases.reference_cases() if names is None or c.name in names]
-    results = {}
+    results, nuts, parts = [], [], []
     for case in chosen:
         errors = lambda values, case=case: reference_errors(case, values)  # noqa: E731
         print(f"   {case.name}: Gaussian-VI optimum", flush=True)
-        rows = results[case.name] = [optimum_row(case.model, errors, ctx.pick(2**12, 2**16),
-                                                 seed=0)[0]]  # fmt: skip
+        rows = [optimum_row(case.model, errors, ctx.pick(2**12, 2**16), seed=0)[0]]
         for method in harness.select(REFERENCE_METHODS, labels):
             print(f"   {case.name}: {method.label}", flush=True)
             rows.append(fit_reference(case, method))
         for which in ("DADVI", "Pathfinder"):
-            label = f"{which} (pymc-extras, defaults)"
             print(f"   {case.name}: {which.lower()}", flush=True)
-            out = getattr(anchors, f"run_{which.lower()}")(case.model, random_seed=1)
-            if not out.status.startswith("ok") and not out.draws:
-                row = Row(label, seconds=out.wall_time, grads=out.grad_evals, note=out.status,
-                          densities=out.logp_evals, warned=False)  # fmt: skip
-            else:
-                row = anchor_row(label, out, errors)
-                row.note = "" if out.status == "ok" else out.status[:80]
-            if out.hvp_evals:
-                row.note = f"{out.hvp_evals} Hessian-vector products. {row.note}".strip()
-            rows.append(row)
+            rows.append(reference_anchor(f"{which} (pymc-extras, defaults)", case.model, errors))
         if not ctx.quick:
             print(f"   {case.name}: NUTS", flush=True)
             run = harness.nuts(case.model, 1, compute_convergence_checks=False)
@@ -235,37 +230,35 @@ def reference(ctx) -> str:
                      "max_abs_eps_sd sliced_w2 grads_to_accurate pareto_khat free_energy_gap "
                      "silent psis_max_abs_eps_mean psis_max_abs_eps_sd", 0.0,
                      " ".join(x for x in (r.stop, r.verdict, r.note) if x))  # fmt: skip
-    nuts = {c.name: next((r.grads for r in results[c.name] if r.label == NUTS_LABEL), NAN)
-            for c in chosen}  # fmt: skip
-    body = []
-    for label, s in summary(list(results.values())).items():
-        ratios = [r.grads / n for r, n in zip(s["rows"], nuts.values(), strict=True)
-                  if np.isfinite(n)]  # fmt: skip
-        stopped = [r for r in s["rows"] if r.stop]
-        body.append([label, s["accurate"], s["reachable"],
-                     fmt(np.nanmedian([r.max_mean for r in s["rows"]]), 2),
-                     f"{fmt(100 * np.nanmedian([r.max_sd for r in s["rows"]]), 2)} %",
-                     fmt(np.nanmedian(ratios), 2) if ratios else "—",
-                     f"{sum(r.stop in ('converged', 'overfitting') for r in stopped)}/{len(chosen)}"
-                     if stopped else "—", s["silent"], s["trusted"]])  # fmt: skip
-    parts = [ctx.text("reference"), "### Summary", md_table(
-        "method | accurate | accurate where the Gaussian optimum is | median max abs ε_μ | median "
-        "max abs ε_σ | median grad evals / NUTS's | stopped by itself | silent failures | accurate "
-        "when trustworthy", body)]  # fmt: skip
-    for c in chosen:
-        body = [[r.label, fmt(r.max_mean, 2), pct(r.max_sd), fmt(r.wasserstein, 2), fmt(r.grads, 3),
-                 fmt(r.grads / nuts[c.name], 2) if np.isfinite(nuts[c.name]) and r.label != OPTIMUM
-                 else "", cell(r.grads_to_accurate), fmt(r.densities, 3) if r.densities else "",
-                 fmt(r.steps, 3), fmt(r.seconds, 3), r.stop, r.verdict,
-                 "**SILENT**" if r.silent else "", cell(r.khat, 2), cell(r.psis_mean, 2),
-                 pct(r.psis_sd, blank=""), cell(r.gap, 2), r.note.strip()]
-                for r in results[c.name]]  # fmt: skip
-        parts += [f"### {c.title}\n\n{c.notes}; D = {len(c.parameters)} reference parameters; "
-                  f"{c.source}.", md_table(
+        results.append(rows)
+        nuts.append(next((r.grads for r in rows if r.label == NUTS_LABEL), NAN))
+        per_nuts = lambda r, n=nuts[-1]: (  # noqa: E731
+            fmt(r.grads / n, 2) if np.isfinite(n) and r.label != OPTIMUM else "")  # fmt: skip
+        body = [[r.label, fmt(r.max_mean, 2), pct(r.max_sd), fmt(r.wasserstein, 2), fmt(r.grads),
+                 per_nuts(r), fmt(r.grads_to_accurate, 3, ""),
+                 fmt(r.densities) if r.densities else "", fmt(r.steps), fmt(r.seconds), r.stop,
+                 r.verdict, "**SILENT**" if r.silent else "", fmt(r.khat, 2, ""),
+                 fmt(r.psis_mean, 2, ""), pct(r.psis_sd, blank=""), fmt(r.gap, 2, ""),
+                 r.note.strip()] for r in rows]  # fmt: skip
+        parts += [f"### {case.title}\n\n{case.notes}; D = {len(case.parameters)} reference "
+                  f"parameters; {case.source}.", md_table(
             "method | max abs ε_μ | max abs ε_σ | sliced W2 | grad evals | / NUTS | grad evals to "
             "accurate | log p only | steps | wall (s) | stop | verdict | silent | k̂ | PSIS ε_μ | "
             "PSIS ε_σ | −ELBO − F | note", body)]  # fmt: skip
-    return "\n\n".join(parts)
+    body = []
+    for label, s in summary(results).items():
+        ratios = [r.grads / n for r, n in zip(s["rows"], nuts, strict=True) if np.isfinite(n)]
+        stopped = [r.stop in ("converged", "overfitting") for r in s["rows"] if r.stop]
+        body.append([label, s["accurate"], s["reachable"],
+                     fmt(median(r.max_mean for r in s["rows"]), 2),
+                     f"{fmt(100 * median(r.max_sd for r in s['rows']), 2)} %",
+                     fmt(np.nanmedian(ratios), 2) if ratios else "—",
+                     f"{sum(stopped)}/{len(chosen)}" if stopped else "—", s["silent"],
+                     s["trusted"]])  # fmt: skip
+    return "\n\n".join([ctx.text("reference"), "### Summary", md_table(
+        "method | accurate | accurate where the Gaussian optimum is | median max abs ε_μ | median "
+        "max abs ε_σ | median grad evals / NUTS's | stopped by itself | silent failures | accurate "
+        "when trustworthy", body), *parts])  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------- hard
@@ -274,7 +267,7 @@ HARD_OURS = {"GPF": ("gpf", {}), "GF": ("gf", {}), "WVGD": ("wvgd", {}),
              "Repulsive ensemble": ("ensemble", {"kind": "repulsive"})}  # fmt: skip
 
 
-def fit_hard(case: cases.HardCase, label: str, errors, opt=None) -> Row:
+def fit_hard(case: cases.HardCase, label: str, errors, opt) -> Row:
     """One method at its defaults on a hard case (ours: ``pm.fit(method=...)``; a Gaussian
     one also against the Gaussian-VI optimum ``opt``)."""
     model = case.build()
@@ -284,7 +277,7 @@ def fit_hard(case: cases.HardCase, label: str, errors, opt=None) -> Row:
             fit = harness.fit_defaults(method, model, inf_kwargs=kwargs)
         except (FloatingPointError, ValueError) as err:
             return Row(label, note=f"{type(err).__name__}: {str(err)[:80]}", warned=True)
-        if method == "ensemble":
+        if method == "ensemble":  # its draws: (chains, draws, ...)
             values = sample(fit.approx, None, None)
             values = {k: v.reshape(-1, *v.shape[2:]) for k, v in values.items()}
         else:
@@ -292,8 +285,10 @@ def fit_hard(case: cases.HardCase, label: str, errors, opt=None) -> Row:
         row = scored(label, errors(values), fit.seconds, fit.grads, fit.steps).fit_outcome(fit)
         if method != "ensemble":
             row.psis_mean, row.psis_sd = errors(sample(fit.approx, 10_000, 3, psis=True))
-        if method in ("gpf", "gf") and opt is not None:
-            row.opt_mean, row.opt_sd = to_optimum(fit.approx, opt)
+        if method in ("gpf", "gf"):
+            q, sd_opt = fit.approx.gaussian(), np.sqrt(np.sum(opt.chol**2, axis=1))
+            row.opt_mean = float(np.max(np.abs(q.mean - opt.mean) / sd_opt))
+            row.opt_sd = float(np.max(np.abs(np.sqrt(q.marginal_variances()) / sd_opt - 1)))
         return row
     if label.startswith("ADVI"):
         fit = harness.fit_defaults("advi", model, backend=None)
@@ -329,7 +324,6 @@ def hard(ctx) -> str:
         first, opt = optimum_row(case.build(), errors, draws, check_draws=max(draws, 2**12),
                                  initial=ref.get("flat"))  # fmt: skip
         rows = [first]
-        rows[0].densities = NAN
         for label in labels:
             print(f"   {name}: {label}", flush=True)
             rows.append(fit_hard(case, label, errors, opt))
@@ -339,12 +333,12 @@ def hard(ctx) -> str:
                      "psis_max_abs_eps_mean psis_max_abs_eps_sd check_seconds pareto_khat "
                      "optimum_max_abs_eps_mean optimum_max_abs_eps_sd", NAN,
                      f"{r.stop} {r.verdict} {r.note}".strip())  # fmt: skip
-        body = [[r.label, fmt(r.max_mean, 2), pct(r.max_sd),
-                 "" if r.label == OPTIMUM else ("yes" if r.accurate else "no"), r.verdict,
-                 "" if r.label == OPTIMUM or r.warned is None else ("yes" if r.warned else "no"),
-                 "**SILENT**" if r.silent else "", cell(r.psis_mean, 2), pct(r.psis_sd, blank=""),
-                 cell(r.opt_mean, 2), pct(r.opt_sd, blank=""),
-                 cell(r.khat, 2), fmt(r.grads, 3), fmt(r.seconds, 3), cell(r.check_seconds, 2),
+        yes_no = lambda r, flag: (  # noqa: E731
+            "" if r.label == OPTIMUM or flag is None else "yes" if flag else "no")  # fmt: skip
+        body = [[r.label, fmt(r.max_mean, 2), pct(r.max_sd), yes_no(r, r.accurate), r.verdict,
+                 yes_no(r, r.warned), "**SILENT**" if r.silent else "", fmt(r.psis_mean, 2, ""),
+                 pct(r.psis_sd, blank=""), fmt(r.opt_mean, 2, ""), pct(r.opt_sd, blank=""),
+                 fmt(r.khat, 2, ""), fmt(r.grads), fmt(r.seconds), fmt(r.check_seconds, 2, ""),
                  r.stop, r.note] for r in rows]  # fmt: skip
         info = ref["info"]
         tables.append(
@@ -353,10 +347,9 @@ def hard(ctx) -> str:
             f"R-hat {info['max_rhat']}, {info['divergences']} divergences.\n\n" + md_table(
                 "method | max abs ε_μ | max abs ε_σ | accurate | verdict | warned | silent | "
                 "PSIS ε_μ | PSIS ε_σ | ε_μ vs optimum | ε_σ vs optimum | k̂ | grad evals | "
-                "wall (s) | check (s) | stop | note",
-                body))  # fmt: skip
+                "wall (s) | check (s) | stop | note", body))  # fmt: skip
     body = [[label, s["accurate"], s["reachable"], s["silent"], s["trusted"],
-             fmt(float(np.nanmedian([r.seconds for r in s["rows"]])), 3)]
+             fmt(median(r.seconds for r in s["rows"]))]
             for label, s in summary(results).items()]  # fmt: skip
     table = md_table("method | accurate | accurate where the Gaussian optimum is | silent "
                      "failures | accurate when trustworthy | median wall (s)", body)  # fmt: skip
@@ -393,7 +386,7 @@ def minibatch(ctx) -> str:
             ("steps", fit.steps, "steps"), ("seconds", fit.seconds, "s"),
             ("silent", float(not accurate and not warned), ""),
         ], f"{fit.stop} {fit.verdict}".strip())  # fmt: skip
-        rows.append([method, fmt(eps_mean, 2), pct(eps_sd), fmt(fit.steps, 3), fmt(fit.seconds, 3),
+        rows.append([method, fmt(eps_mean, 2), pct(eps_sd), fmt(fit.steps), fmt(fit.seconds),
                      fit.stop, fit.verdict, "yes" if warned else "no",
                      "" if accurate or warned else "**SILENT**"])  # fmt: skip
     return ctx.text("minibatch", rows=n) + "\n\n" + md_table(
@@ -455,18 +448,16 @@ def type2(ctx) -> str:
             print(f"   {case}: {method}", flush=True)
             model, params = build()
             trace = []  # PyMC's ADVI: θ each step through a callback; ours keep hyper_trace
-            options = {"more_obj_params": params}
-            if method == "advi":
-                read = lambda *_, t=trace, ps=params: t.append([float(p.get_value()) for p in ps])  # noqa: E731
-                options["callbacks"] = [read]
-            fit = harness.fit_defaults(method, model, **options)
+            read = lambda *_, t=trace, ps=params: t.append([float(p.get_value()) for p in ps])  # noqa: E731
+            options = {"callbacks": [read]} if method == "advi" else {}
+            fit = harness.fit_defaults(method, model, more_obj_params=params, **options)
             trace = fit.approx.inference.hyper_trace if method != "advi" else trace
             trace = np.exp(np.asarray(trace, dtype=float))
             learnt = np.exp([float(p.get_value()) for p in params])
             error = float(np.max(np.abs(learnt / best - 1)))
             gap = float(fit.approx.hist[-1]) - neg_log_marginal
             off = np.any(np.abs(trace / best - 1) > 1e-3, axis=1) if len(trace) else [True]
-            last_off = np.nonzero(off)[0]
+            last_off = np.nonzero(off)[0]  # θ stays within 1e-3 from the step after it
             to = NAN if off[-1] else float(last_off[-1] + 2 if len(last_off) else 1)
             warned = fit.warned and method != "advi"  # PyMC's ADVI gives no FitWarning
             ctx.record_many(case, method, [
@@ -474,8 +465,8 @@ def type2(ctx) -> str:
                 ("steps_to_1e-3", to, "steps"), ("steps", fit.steps, "steps"),
                 ("grad_evals", fit.grads, "evaluations"), ("seconds", fit.seconds, "s"),
             ], f"{fit.stop} {fit.verdict}".strip())  # fmt: skip
-            rows.append([case, method, fmt(error, 2), fmt(gap, 2), fmt(to, 3), fmt(fit.steps, 3),
-                         fmt(fit.grads, 3), fmt(fit.seconds, 3), fit.stop, fit.verdict,
+            rows.append([case, method, fmt(error, 2), fmt(gap, 2), fmt(to), fmt(fit.steps),
+                         fmt(fit.grads), fmt(fit.seconds), fit.stop, fit.verdict,
                          "yes" if warned else "no"])  # fmt: skip
     return ctx.text("type2") + "\n\n" + md_table(
         "case | method | max rel. error of θ | F − (−log p(y|θ*)) | steps to 1e-3 | steps | grad "

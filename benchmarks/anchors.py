@@ -1,14 +1,5 @@
-"""pymc-extras' DADVI and Pathfinder at their defaults (``fit_dadvi`` / ``fit_pathfinder(model,
-random_seed=..., progressbar=False)``), with what they evaluated counted by wrapping the compiled
-functions (``unittest.mock.patch`` on the names pymc-extras looks up).
-
-DADVI (mean-field Gaussian, ``n_fixed_draws = 30`` fixed draws, scipy's ``trust-ncg``): every
-call of its fused objective is 30 gradients, every Hessian-vector-product call 30 products
-(better_optimize's probing call and the product it spends on a progress display included).
-Pathfinder (4 L-BFGS paths in worker processes, each writing its counts to a file the parent
-sums): ``grad_evals`` the calls of the L-BFGS ``(x) -> (-logp, -dlogp)``, ``logp_evals`` the
-log densities of the ELBO draws and of the final draws. An exception becomes ``status``.
-"""
+"""pymc-extras' DADVI and Pathfinder at their defaults, with what they evaluated counted by
+wrapping the compiled functions (what each count means: ``benchmarks/README.md``)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""The case registry: data, PyMC models and their references (``benchmarks/data/README.md``).
-
-- Classification data shipped with scikit-learn or ``examples/data`` (no download at run time),
-  logistic regression and a Bayesian neural network, predictive metrics.
-- :func:`reference_cases`: posteriordb reference draws and inference-gym's German credit
-  (the Stan models translated with their priors and parameterisation).
-- :data:`HARD`: synthetic posteriors the defaults were never tuned on, each with a long NUTS
-  reference cached in ``benchmarks/data/hard/`` (``python -m benchmarks.cases [--recompute]``).
-"""
+"""The case registry: data, PyMC models and their references (``benchmarks/data/README.md``):
+classification data shipped with scikit-learn or ``examples/data``, posteriordb and
+inference-gym references (the Stan models translated with their priors and parameterisation)
+and :data:`HARD`, synthetic posteriors with long NUTS references cached in
+``benchmarks/data/hard/`` (``python -m benchmarks.cases [--recompute]``)."""
 
 from __future__ import annotations
 

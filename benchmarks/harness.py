@@ -1,12 +1,5 @@
-"""Methods × runner × readers: one way to fit any method, time it, count what it cost and read q.
-
-A :class:`Method` is a label and how to fit it. :func:`fit_method` runs one (the first
-``fit(1)``, compilation included, timed apart; metrics read at chosen steps off the clock),
-:func:`fit_defaults` runs ``pm.fit(method=...)`` as a user does, :func:`nuts` PyMC's NUTS. The
-cost is read, not re-derived: ours count their own evaluations (the ``fit`` group's
-``gradient_evaluations``), PyMC's VI evaluates ``obj_n_mc`` points per step (SVGD: its
-particles), NUTS its leapfrog steps.
-"""
+"""Methods × runner × readers: one way to fit any method, time it, count what it cost (read, not
+re-derived: ``benchmarks/README.md``) and read q; child processes; the report's table helpers."""
 
 from __future__ import annotations
 
@@ -297,10 +290,10 @@ def run_child(payload: dict, **env: str) -> dict:
 
 
 # --------------------------------------------------------------------------------- report
-def fmt(value: float, digits: int = 3) -> str:
-    """``digits`` significant digits (``—`` for nan/inf)."""
+def fmt(value: float, digits: int = 3, blank: str = "—") -> str:
+    """``digits`` significant digits (``blank`` for nan/inf)."""
     if value is None or not np.isfinite(value):
-        return "—"
+        return blank
     if value == 0:
         return "0"
     if abs(value) >= 10 ** (digits + 2) or abs(value) < 1e-3:
@@ -310,11 +303,6 @@ def fmt(value: float, digits: int = 3) -> str:
 
 def pct(value: float, digits: int = 2, blank: str = "—") -> str:
     return f"{fmt(100 * value, digits)} %" if np.isfinite(value) else blank
-
-
-def cell(value: float, digits: int = 3) -> str:
-    """``fmt``, or empty for nan."""
-    return fmt(value, digits) if np.isfinite(value) else ""
 
 
 def md_table(headers: str | list[str], rows: Iterable, left: int = 1) -> str:
@@ -352,8 +340,8 @@ def save_figure(ctx, fig, stem: str, tight: bool = True) -> str:
 def colour(label: str) -> str:
     """The colour of a method's family, from its report label."""
     low = label.lower()
-    families = {"ensemble": "C5", "fullrankadvi": "C3", "advi": "C1", "gpf": "C0", "gf": "C2",
-                "wvgd": "C6", "svgd": "C4", "nuts": "k"}  # fmt: skip
     if "ensemble" in low:
-        return families["ensemble"]
+        return "C5"
+    families = {"fullrankadvi": "C3", "advi": "C1", "gpf": "C0", "gf": "C2", "wvgd": "C6",
+                "svgd": "C4", "nuts": "k"}  # fmt: skip
     return next((c for key, c in families.items() if low.startswith(key)), "C7")

@@ -1,13 +1,5 @@
-"""The exact full-rank Gaussian variational optimum of a PyMC model: what no Gaussian VI can beat.
-
-``q* = N(m*, L* L*^T)`` on the flat coordinates of ``BatchedTarget(model)`` maximises the ELBO,
-computed only from the batched ``(logp, dlogp)``: the MAP (L-BFGS-B restarted while it improves,
-then Newton steps) and its finite-difference Laplace approximation whiten the problem (or a given
-Gaussian: a centred hierarchy has no MAP); fixed antithetic scrambled-Sobol draws make the ELBO
-of ``N(m0 + L0 a, (L0 B)(L0 B)^T)`` deterministic and L-BFGS-B maximises it with its exact
-gradient; fresh draws give the ELBO and its Monte Carlo error, a second scrambling the
-seed-to-seed agreement. ``grad_evals`` counts every point where log p and its gradient ran.
-"""
+"""The exact full-rank Gaussian variational optimum of a PyMC model: what no Gaussian VI can beat
+(how it is computed: ``benchmarks/README.md``)."""
 
 from __future__ import annotations
 

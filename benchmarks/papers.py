@@ -1,8 +1,5 @@
 """The papers' real-data experiments: logistic regression (GPF paper Fig. 6), a Bayesian neural
-network on digits (Table 1), and WVGD's Lloyd–Max check and evidence bound (WVGD paper §10.2).
-Every method gets the same wall-clock budget of stepping (compilation excluded) and its test
-metrics are read along the fit (:func:`harness.fit_method`).
-"""
+network on digits (Table 1), and WVGD's Lloyd–Max check and evidence bound (WVGD paper §10.2)."""
 
 from __future__ import annotations
 
@@ -46,12 +43,9 @@ def record_fit(ctx, case: str, fit: harness.FitRun, finals, curves, note: str, w
     """The final metrics ``finals`` and the curves along the fit (``(metric, key, unit)``), the
     cost, and ``extra`` numbers (``(metric, value, unit)``)."""
     values = [(metric, fit.final[key], unit) for metric, key, unit in finals]
-    cost = [
-        ("steps", fit.steps, "steps"),
-        ("grad_evals", fit.grads, "gradients"),
-        ("seconds", fit.seconds, "s"),
-        ("first_call_seconds", fit.first_call_seconds, "s"),
-    ]
+    cost = [("steps", fit.steps, "steps"), ("grad_evals", fit.grads, "gradients"),
+            ("seconds", fit.seconds, "s"),
+            ("first_call_seconds", fit.first_call_seconds, "s")]  # fmt: skip
     ctx.record_many(case, fit.label, [*values, *cost, *extra], note)
     for row in fit.checks:
         at = f"{where}step={row['step']} seconds={row['seconds']:.4g}"
@@ -132,8 +126,8 @@ def logistic(ctx) -> str:
             record_fit(ctx, name, fit, [NLL, ACCURACY], [CURVE_NLL], note, f"split {split}; ",
                        extra)  # fmt: skip
         for split, (nll, acc, seconds) in enumerate(nuts[name]):
-            values = [("test_nll", nll, "nats/point"), ("test_accuracy", acc, "fraction"),
-                      ("seconds", seconds, "s")]  # fmt: skip
+            values = [("test_nll", nll, "nats/point"), ("test_accuracy", acc, "fraction")]
+            values.append(("seconds", seconds, "s"))
             ctx.record_many(name, "NUTS", values, f"split {split}; 2 chains x 500 draws")
         rows = []
         for label in dict.fromkeys(f.label for f in fits[name]):
@@ -144,10 +138,9 @@ def logistic(ctx) -> str:
             rows.append([
                 label, family(mine[0]), fmt(float(np.nanmedian(nll)) if ok else np.nan, 4),
                 f"{fmt(np.nanmin(nll), 4)}–{fmt(np.nanmax(nll), 4)}" if ok else "—",
-                fmt(float(np.nanmedian([f.final["accuracy"] for f in mine])), 3),
-                fmt(float(np.median([f.steps for f in mine])), 3),
-                fmt(float(np.median([f.grads for f in mine])), 3),
-                fmt(float(np.median([f.ms_per_step for f in mine])), 3),
+                fmt(float(np.nanmedian([f.final["accuracy"] for f in mine]))),
+                *(fmt(float(np.median([getattr(f, k) for f in mine])))
+                  for k in ("steps", "grads", "ms_per_step")),
                 f"{fmt(float(np.median(times)), 2)} ({sum(np.isfinite(times))}/{len(mine)})"
                 if reference else "—",
                 "; ".join(sorted({f.failure for f in mine if f.failure})),
@@ -312,14 +305,14 @@ def lloyd_max(ctx, particles: tuple[int, ...], steps: int) -> tuple[str, str]:
         errors = [float(np.max(np.abs(positions - optimal))),
                   float(np.max(np.abs(np.sort(inference.approx.particles[:, 0]) - optimal))),
                   float(np.max(np.abs(weights - masses)))]  # fmt: skip
-        case = f"N(0,1), J = {j}"
-        ctx.record(case, "WVGD", "max_abs_position_error", errors[0], "", "averaged")
-        ctx.record(case, "WVGD", "max_abs_final_position_error", errors[1], "", "last step")
-        ctx.record(case, "WVGD", "max_abs_weight_error", errors[2])
-        ctx.record(case, "WVGD", "seconds", seconds, "s", "fit incl. compilation")
+        record = lambda *args, case=f"N(0,1), J = {j}": ctx.record(case, "WVGD", *args)  # noqa: E731
+        record("max_abs_position_error", errors[0], "", "averaged")
+        record("max_abs_final_position_error", errors[1], "", "last step")
+        record("max_abs_weight_error", errors[2])
+        record("seconds", seconds, "s", "fit incl. compilation")
         for k, (z, b) in enumerate(zip(positions, weights, strict=True)):
-            ctx.record(case, "WVGD", f"particle[{k}]", z, "", f"optimal {optimal[k]}")
-            ctx.record(case, "WVGD", f"cell_weight[{k}]", b, "", f"optimal {masses[k]}")
+            record(f"particle[{k}]", z, "", f"optimal {optimal[k]}")
+            record(f"cell_weight[{k}]", b, "", f"optimal {masses[k]}")
         rows.append([j, ", ".join(f"{z:+.3f}" for z in positions),
                      ", ".join(f"{z:+.4f}" for z in optimal), fmt(errors[0], 2), fmt(errors[1], 2),
                      ", ".join(f"{b:.3f}" for b in weights), ", ".join(f"{b:.4f}" for b in masses),

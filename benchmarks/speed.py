@@ -1,10 +1,6 @@
 """Speed sections: cost per step against the bare batched gradient and scaling with D and N
 (speed), time to the first step on a cold and a warm PyTensor cache (startup), GPF's step on JAX
-with the particles split across devices (scale). Every scaling, startup and scale cell runs in a
-fresh process (``python -m benchmarks.speed JSON``); memory is its resident set
-(``/proc/self/status``), the peak while stepping (the high-water mark is reset after the first
-step).
-"""
+with the particles split across devices (scale); cells in fresh processes (``README.md``)."""
 
 from __future__ import annotations
 
