@@ -557,8 +557,9 @@ def _stochastic_message(control: Stochastic, reason: str) -> str | None:
     """:meth:`Stochastic.describe` for the reasons whose explanation needs its numbers."""
     if reason == "converged":
         how = (
-            f"the Monte Carlo error of the averaged q is below tol = {control.tol:g} of its "
-            f"sds; q is the average of the iterates over the last {control._average.count} steps"
+            f"the Monte Carlo error of the averaged q, as the step size's correlation time "
+            f"estimates it, is below tol = {control.tol:g} of its sds; q is the average of the "
+            f"iterates over the last {control._average.count} steps"
             if control.averaging
             else f"the iterates moved by less than tol = {control.tol:g} of q's sds over the "
             "last window; q is their average"
