@@ -25,7 +25,7 @@ from pymc_gpf.ensemble.control import (
 )
 from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
-from pymc_gpf.gf.method import GF
+from pymc_gpf.gf.method import GF, fit_inside
 from pymc_gpf.options import FitOptions
 from pymc_gpf.start import initial_centre
 from pymc_gpf.stepgraph import StepGraph, dynamic_rows, share, standard_normal
@@ -450,9 +450,7 @@ def gaussian_start(
     where the preconditioner's factor cannot hold a full covariance anyway."""
     gf = GF(model=model, random_seed=int(rng.integers(2**31)), start=start, structure=structure)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FitWarning)
-            approx = gf.fit(START_STEPS, progressbar=False, **({} if check else {"check_draws": 0}))
+        approx = fit_inside(gf, START_STEPS, **({} if check else {"check_draws": 0}))
     except (FloatingPointError, ValueError) as err:
         return None, {"fit": "gf", "error": str(err)[:200]}
     q = approx.gaussian()

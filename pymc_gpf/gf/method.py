@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import cached_property
@@ -17,6 +19,7 @@ from pymc_gpf.approximation import GaussianApproximation
 from pymc_gpf.checks import renamed
 from pymc_gpf.datatree import settings_attrs
 from pymc_gpf.engine import FlowInference
+from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gf import flow, step
 from pymc_gpf.gf.config import GFConfig
@@ -26,7 +29,7 @@ from pymc_gpf.start import initial_centre
 from pymc_gpf.stepgraph import StepGraph, share, share_transform, standard_normal
 from pymc_gpf.structure import Structure, parse_structure
 
-__all__ = ["GF", "GFApproximation"]
+__all__ = ["GF", "GFApproximation", "fit_inside"]
 
 
 class GFApproximation(GaussianApproximation):
@@ -295,3 +298,18 @@ class GF(FlowInference):
             state, noise, self.target, self.structure, self.learning_rates[0], weights
         )
         return StepGraph(state, new, info)
+
+
+def fit_inside(
+    gf: GF, n: int | None = None, options: FitOptions | None = None, **keywords
+) -> GFApproximation:
+    """Fit ``gf`` as a stage of another method's fit (GPF's continuation, WVGD's whitening,
+    an ensemble's start): no progress bar and no FitWarning of its own (the outer fit states
+    the outcome), with the outer fit's ``tol``, ``backend`` and ``compile_kwargs``
+    (``options``) unless ``keywords`` say otherwise."""
+    if options is not None:
+        outer = {"tol": options.tol, "backend": options.backend}
+        keywords = outer | {"compile_kwargs": options.compile_kwargs} | keywords
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FitWarning)
+        return gf.fit(n, progressbar=False, **keywords)

@@ -14,13 +14,10 @@ antithetic cloud with its mean and covariance).
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
-from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
-from pymc_gpf.gf import GF
+from pymc_gpf.gf import GF, fit_inside
 from pymc_gpf.options import FitOptions
 
 __all__ = ["fresh_draws_fit"]
@@ -50,9 +47,5 @@ def fresh_draws_fit(
         return None
     for shared, value in zip(gf.approx.params, start, strict=True):
         shared.set_value(value.astype(shared.dtype))
-    keywords = {"tol": options.tol, "backend": options.backend, "check_draws": 0}
-    with warnings.catch_warnings():
-        # GPF states the outcome; GF's own "not converged" would repeat it
-        warnings.simplefilter("ignore", FitWarning)
-        gf.fit(steps, progressbar=False, compile_kwargs=options.compile_kwargs, **keywords)
+    fit_inside(gf, steps, options, check_draws=0)
     return gf

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 from dataclasses import replace
 from typing import ClassVar
 
@@ -15,8 +13,8 @@ import xarray as xr
 from pymc_gpf.approximation import FlowApproximation
 from pymc_gpf.checks import check_particles, renamed, seed_sequence
 from pymc_gpf.engine import END_STREAM, WHITEN_STREAM, FlowInference
-from pymc_gpf.errors import DivergenceError, FitWarning
-from pymc_gpf.gf import GF
+from pymc_gpf.errors import DivergenceError
+from pymc_gpf.gf import GF, fit_inside
 from pymc_gpf.gf.parameters import MAX_DEFAULT_RANK
 from pymc_gpf.options import FitOptions
 from pymc_gpf.start import initial_centre
@@ -312,13 +310,9 @@ class WVGD(FlowInference):
         mapped Gaussians' marginals."""
         seed = int(self.stream(WHITEN_STREAM).generate_state(1)[0])
         gf = GF(init=self.config.init, model=self.model, random_seed=seed, start=self._start)
-        keywords = {"tol": options.tol, "backend": options.backend}
-        keywords["check_draws"] = options.check_draws
         try:
-            with warnings.catch_warnings():
-                # a rough Gaussian still whitens; WVGD's own outcome is what the user reads
-                warnings.simplefilter("ignore", FitWarning)
-                gf.fit(progressbar=False, compile_kwargs=options.compile_kwargs, **keywords)
+            # a rough Gaussian still whitens; WVGD's own outcome is what the user reads
+            fit_inside(gf, None, options, check_draws=options.check_draws)
         except DivergenceError as err:
             gf = err.approx.inference
         self.record.count(gf.gradient_evaluations, gf.density_evaluations)
