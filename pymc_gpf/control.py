@@ -60,6 +60,8 @@ Z_ONE_SIDED_5 = 1.645
 # (natural-gradient decrement < 1): farther out the flow's own progress dwarfs finite-N bias
 NEAR = 1.0
 Z_ONE_SIDED_005 = 3.29
+# the largest lag-one autocorrelation the error estimate believes (a correlation time of 399)
+MAX_LAG_ONE = 0.995
 Z_BIAS = 3.0  # two averages agree when within tol plus this many sds of their difference
 # while averaging, the average restarts only on a drop significant at 0.05 %: it is tested
 # after every window, and a 5 % test would restart a long average by chance
@@ -294,13 +296,16 @@ class Stochastic(Control):
     most ``max_average_rate`` and the iterates' step-to-step spread is below ``max_spread``
     of q's sds. *Averaging*: the step stays fixed and every iterate enters a running average
     (:class:`_Average`); its Monte Carlo error is the iterates' pooled variance times their
-    correlation time ``(2 - rate) / rate`` over their number (after at least four windows
-    and five correlation times). Once that error is below ``tol`` the average is compared
-    with the one at twice the step: the fit ends when they agree (every coordinate within
-    ``tol`` plus three sds of their difference), else the step halves and the fit averages
-    afresh. A trace that starts falling again restarts the average. A window (at a step of
-    at most ``max_average_rate``) whose iterates all lie within about ``tol`` of their
-    average ends the fit at once, on that average, unless the windows' averages are still
+    correlation time over their number (after at least four windows and five correlation
+    times): per coordinate the larger of what the step implies, ``(2 - c rate) / (c rate)``
+    for a step that moves ``c`` of the way to the fixed point at rate 1, and the one
+    measured from the iterates' lag-one autocorrelation (``measured``). Once that error is
+    below ``tol`` the average is compared with the one at twice the step: the fit ends
+    when they agree (every coordinate within ``tol`` plus three sds of their difference),
+    else the step halves and the fit averages afresh. A trace that starts falling again
+    restarts the average. A window (at a step of at most ``max_average_rate``) whose
+    iterates all lie within about ``tol`` of their average ends the fit at once, on that
+    average, unless the windows' averages are still
     on the move (:meth:`_drifting`).
 
     The average of constant-step iterates is biased by O(step) (Dieuleveut, Durmus & Bach,
@@ -316,8 +321,9 @@ class Stochastic(Control):
 
     saved = (
         "_average", "_coarse", "_last_iterate", "_locations", "_scale", "_values",
-        "_window_means", "_window_sums", "averaging", "max_average_rate", "max_rejections",
-        "max_spread", "min_rate", "min_window", "min_windows", "previous", "rate", "rejections",
+        "_window_means", "_window_sums", "averaging", "contraction", "max_average_rate",
+        "max_rejections", "max_spread", "measured", "min_rate", "min_window", "min_windows",
+        "previous", "rate", "rejections",
     )  # fmt: skip
     hooks = ("_location", "_params", "_set_params", "_set_rate")
 
@@ -338,8 +344,11 @@ class Stochastic(Control):
         max_average_rate: float = 0.5,
         min_windows: int = 4,
         max_rejections: int = 30,
+        contraction: float = 1.0,
+        measured: bool = True,
     ):
         super().__init__(tol)
+        self.contraction, self.measured = contraction, measured
         self._location, self._params = location, params
         self._set_params, self._set_rate = set_params, set_rate
         self.rate, self.min_window, self.min_rate = rate, min_window, min_rate
@@ -365,8 +374,10 @@ class Stochastic(Control):
     @property
     def correlation_time(self) -> float:
         """Integrated autocorrelation time of the iterates: a natural step of size ``rate``
-        contracts the distance to the fixed point by ``1 - rate``, an AR(1) process."""
-        return (2.0 - min(self.rate, 1.0)) / self.rate
+        contracts the distance to the fixed point by ``1 - contraction * rate``, an AR(1)
+        process (a lower bound: :meth:`_Average.correlation_times` measures it too)."""
+        step = min(self.contraction * self.rate, 1.0)
+        return (2.0 - step) / step
 
     def _clear_window(self) -> None:
         self._values: list[float] = []
@@ -453,7 +464,7 @@ class Stochastic(Control):
         """The average is precise to ``tol``: stop on it if it agrees with the settled average
         at twice the step, else halve the step and average afresh."""
         location = self._average.location()
-        errors = self._average.errors(self.correlation_time, self._scale)
+        errors = self._average.errors(self.correlation_time, self._scale, self.measured)
         coarse, self._coarse = self._coarse, [location, errors]
         if coarse is not None:
             gap = np.abs(location - coarse[0]) / self._scale
@@ -473,7 +484,7 @@ class Stochastic(Control):
         return reason
 
     def _average_error(self) -> float:
-        return self._average.error(self.correlation_time, self._scale)
+        return self._average.error(self.correlation_time, self._scale, self.tol, self.measured)
 
     def progress(self) -> str:
         if self.tol is None:
@@ -512,45 +523,91 @@ class Stochastic(Control):
 class _Average(Saved):
     """The running (Polyak-Ruppert) average of a stochastic fit's parameters while it
     averages, and the moments of q's location over its whole windows, for the average's
-    Monte Carlo error."""
+    Monte Carlo error: their mean, variance and lag-one autocorrelation."""
 
-    saved = ("count", "located", "location_squares", "location_sum", "sums", "windows")
+    saved = (
+        "count", "lagged", "last", "located", "location_squares", "location_sum", "origin",
+        "sums", "windows",
+    )  # fmt: skip
 
     def __init__(self):
         self.sums: list[np.ndarray] | None = None
         self.count = 0
         self.windows = 0
-        self.location_sum = self.location_squares = 0.0
+        self.location_sum = self.location_squares = self.lagged = 0.0
+        self.last: np.ndarray | None = None  # the last location added, for the lag products
+        # the first location: the moments are of the differences from it (no cancellation)
+        self.origin: np.ndarray | None = None
         self.located = 0
 
     def add(self, params: list[np.ndarray]) -> None:
         self.sums, self.count = _add(self.sums, params), self.count + 1
 
     def add_window(self, locations: np.ndarray) -> None:
-        """A window of q's locations ``(steps, ...)`` that passed the plateau test."""
+        """A window of q's locations ``(steps, ...)`` that passed the plateau test (the
+        windows of one average are consecutive)."""
         self.windows += 1
+        if self.origin is None:
+            self.origin = np.array(locations[0])
+        locations = locations - self.origin
+        chain = locations if self.last is None else np.concatenate([self.last[None], locations])
+        self.lagged = self.lagged + np.sum(chain[1:] * chain[:-1], axis=0)
+        self.last = np.array(locations[-1])
         self.location_sum = self.location_sum + locations.sum(axis=0)
         self.location_squares = self.location_squares + np.square(locations).sum(axis=0)
         self.located += len(locations)
 
     def location(self) -> np.ndarray:
         """q's average location over the whole windows."""
+        return self.origin + self._centred_mean()
+
+    def _centred_mean(self) -> np.ndarray:
         return self.location_sum / self.located
 
-    def errors(self, correlation_time: float, scale: np.ndarray) -> np.ndarray:
+    def _variances(self) -> np.ndarray:
+        return np.maximum(self.location_squares / self.located - self._centred_mean() ** 2, 0.0)
+
+    def correlation_times(self, correlation_time: float, measured: bool = True) -> np.ndarray:
+        """Per coordinate, the larger of ``correlation_time`` (what the step implies) and,
+        if ``measured``, the AR(1) one measured from the iterates' lag-one autocorrelation
+        ``rho``, ``(1 + rho) / (1 - rho)``: a mode that the step contracts more slowly than
+        it implies (WVGD's particles drifting together towards their cells' centroids)
+        shows in its own iterates."""
+        if not measured:
+            return np.full(np.shape(self.location_sum), float(correlation_time))
+        mean = self._centred_mean()
+        variance = self._variances()
+        covariance = self.lagged / (self.located - 1) - np.square(mean)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rho = np.where(variance > 0, covariance / variance, 0.0)
+        rho = np.clip(rho, 0.0, MAX_LAG_ONE)
+        return np.maximum(correlation_time, (1.0 + rho) / (1.0 - rho))
+
+    def errors(
+        self, correlation_time: float, scale: np.ndarray, measured: bool = True
+    ) -> np.ndarray:
         """Monte Carlo errors of :meth:`location`, per coordinate, in units of ``scale``
         (q's sds): the iterates' stationary variance (pooled over the averaging period)
-        times their correlation time over their number."""
-        n = self.located
-        variance = np.maximum(self.location_squares / n - np.square(self.location()), 0.0)
-        return np.sqrt(variance * correlation_time / n) / scale
+        times their correlation time (:meth:`correlation_times`) over their number."""
+        taus = self.correlation_times(correlation_time, measured)
+        return np.sqrt(self._variances() * taus / self.located) / scale
 
-    def error(self, correlation_time: float, scale: np.ndarray) -> float:
+    def error(
+        self, correlation_time: float, scale: np.ndarray, tol: float, measured: bool = True
+    ) -> float:
         """The largest of :meth:`errors`; ``inf`` until the period spans five correlation
-        times."""
-        if self.located < 5 * correlation_time:
+        times of the step, and five of each coordinate's own unless even the longest
+        correlation time believed (``MAX_LAG_ONE``) would keep its error below ``tol``
+        (a pooled variance over fewer correlation times is too small)."""
+        n = self.located
+        if n < max(2.0, 5 * correlation_time):
             return float("inf")
-        return float(np.max(self.errors(correlation_time, scale)))
+        taus = self.correlation_times(correlation_time, measured)
+        longest = (1.0 + MAX_LAG_ONE) / (1.0 - MAX_LAG_ONE)
+        worst = np.sqrt(self._variances() * longest / n) / scale
+        if np.any((n < 5 * taus) & (worst >= tol)):
+            return float("inf")
+        return float(np.max(self.errors(correlation_time, scale, measured)))
 
 
 def _stochastic_message(control: Stochastic, reason: str) -> str | None:

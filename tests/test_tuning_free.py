@@ -263,6 +263,30 @@ def test_the_stochastic_rule_ends_on_an_unbiased_average(noise, largest_rate, se
     assert abs(run.averaged - run.target) < 3 * 0.02
 
 
+def test_the_average_s_error_measures_a_correlation_slower_than_the_step_implies():
+    """An AR(1) series with lag-one autocorrelation 0.95 (a mode the step contracts by 5 %
+    per step where a step of rate 1/2 implies 50 %: integrated correlation time
+    (1 + 0.95) / 0.05 = 39, not 3) and stationary variance 1: the error of its average over
+    n = 20 000 steps is sqrt(39 / n) = 0.0442. White noise keeps the step's time."""
+    from pymc_gpf.control import _Average
+
+    rng = np.random.default_rng(0)
+    n, rho = 20_000, 0.95
+    slow = np.empty(n)
+    slow[0] = rng.normal()
+    for t in range(1, n):
+        slow[t] = rho * slow[t - 1] + np.sqrt(1 - rho**2) * rng.normal()
+    series = np.stack([slow, rng.normal(size=n)], axis=1)
+    average = _Average()
+    for window in np.split(series, n // 20):
+        average.add_window(window)
+    times = average.correlation_times(3.0)
+    np.testing.assert_allclose(times, [39.0, 3.0], rtol=0.1)
+    errors = average.errors(3.0, np.ones(2))
+    np.testing.assert_allclose(errors, np.sqrt([39.0 / n, 3.0 / n]), rtol=0.1)
+    assert average.error(3.0, np.ones(2), tol=0.05) == pytest.approx(errors[0])
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_the_stochastic_rule_does_not_stop_on_a_drifting_fit(seed):
     """A fixed point that keeps moving (the free energy keeps falling): no stop in 50 000

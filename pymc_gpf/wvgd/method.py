@@ -165,7 +165,10 @@ class WVGDApproximation(FlowApproximation):
         return evaluated
 
     def location(self) -> tuple[np.ndarray, np.ndarray]:
-        """What the stochastic stopping test watches (:meth:`MixtureQ.location`)."""
+        """What the stochastic stopping test watches (:meth:`MixtureQ.location`; with
+        minibatches :meth:`MixtureQ.rough_location`)."""
+        if self.inference.target.minibatch:
+            return self.mixture().rough_location()
         return self.mixture().location()
 
     def _method_group(self) -> xr.Dataset:
@@ -243,6 +246,17 @@ class WVGD(FlowInference):
     default_optimizer = "adam"
     spread_option = "init_scale"
     start_points = "local draws"
+    # a natural step moves each particle half the way to its cell's centroid
+    step_contraction = 0.5
+
+    @property
+    def measured_correlation(self) -> bool:
+        """Not with minibatches: what the schedule watches there
+        (:meth:`MixtureQ.rough_location`) carries the running cell weights' noise, which
+        wanders over hundreds of steps whatever the step size; the fit's q, with weights
+        estimated afresh at its end, is accurate (a regression, four seeds: means within
+        0.16 sds, sds within 3 %)."""
+        return not self.target.minibatch
 
     def __init__(
         self,
