@@ -297,10 +297,9 @@ class Stochastic(Control):
     of q's sds. *Averaging*: the step stays fixed and every iterate enters a running average
     (:class:`_Average`); its Monte Carlo error is the iterates' pooled variance times their
     correlation time over their number (after at least four windows and five correlation
-    times): per coordinate the larger of what the step implies, ``(2 - c rate) / (c rate)``
-    for a step that moves ``c`` of the way to the fixed point at rate 1, and the one
-    measured from the iterates' lag-one autocorrelation (``measured``). Once that error is
-    below ``tol`` the average is compared with the one at twice the step: the fit ends
+    times): per coordinate the larger of what the step implies, ``(2 - rate) / rate``, and
+    the one measured from the iterates' lag-one autocorrelation (``measured``). Once that
+    error is below ``tol`` the average is compared with the one at twice the step: the fit ends
     when they agree (every coordinate within ``tol`` plus three sds of their difference),
     else the step halves and the fit averages afresh. A trace that starts falling again
     restarts the average. A window (at a step of at most ``max_average_rate``) whose
@@ -321,7 +320,7 @@ class Stochastic(Control):
 
     saved = (
         "_average", "_coarse", "_last_iterate", "_locations", "_scale", "_values",
-        "_window_means", "_window_sums", "averaging", "contraction", "max_average_rate",
+        "_window_means", "_window_sums", "averaging", "max_average_rate",
         "max_rejections", "max_spread", "measured", "min_rate", "min_window", "min_windows",
         "previous", "rate", "rejections",
     )  # fmt: skip
@@ -344,11 +343,10 @@ class Stochastic(Control):
         max_average_rate: float = 0.5,
         min_windows: int = 4,
         max_rejections: int = 30,
-        contraction: float = 1.0,
         measured: bool = True,
     ):
         super().__init__(tol)
-        self.contraction, self.measured = contraction, measured
+        self.measured = measured
         self._location, self._params = location, params
         self._set_params, self._set_rate = set_params, set_rate
         self.rate, self.min_window, self.min_rate = rate, min_window, min_rate
@@ -374,10 +372,9 @@ class Stochastic(Control):
     @property
     def correlation_time(self) -> float:
         """Integrated autocorrelation time of the iterates: a natural step of size ``rate``
-        contracts the distance to the fixed point by ``1 - contraction * rate``, an AR(1)
-        process (a lower bound: :meth:`_Average.correlation_times` measures it too)."""
-        step = min(self.contraction * self.rate, 1.0)
-        return (2.0 - step) / step
+        contracts the distance to the fixed point by ``1 - rate``, an AR(1) process (a
+        lower bound: slower modes show in :meth:`_Average.correlation_times`)."""
+        return (2.0 - min(self.rate, 1.0)) / self.rate
 
     def _clear_window(self) -> None:
         self._values: list[float] = []

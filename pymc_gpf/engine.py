@@ -88,10 +88,6 @@ class FlowInference(Inference):
     start_points: ClassVar[str] = "particles"  # what the first step evaluates
     # the free energy recorded is the particles' own (GPF: a quadrature finite N can bias low)
     particle_free_energy: ClassVar[bool] = False
-    # the fraction of the way to its fixed point that a natural step of rate 1 moves the
-    # fitted parameters (the automatic step's iterates then have correlation time
-    # (2 - c rate) / (c rate), :class:`pymc_gpf.control.Stochastic`)
-    step_contraction: ClassVar[float] = 1.0
 
     @property
     def measured_correlation(self) -> bool:
@@ -478,7 +474,6 @@ def stochastic_control(inference: FlowInference, tol: float) -> Stochastic:
             for p, a in zip(inference.approx.params, arrays, strict=True)
         ],
         set_rate=inference.set_step_size,
-        contraction=inference.step_contraction,
         measured=inference.measured_correlation,
     )
 

@@ -246,8 +246,6 @@ class WVGD(FlowInference):
     default_optimizer = "adam"
     spread_option = "init_scale"
     start_points = "local draws"
-    # a natural step moves each particle half the way to its cell's centroid
-    step_contraction = 0.5
 
     @property
     def measured_correlation(self) -> bool:
