@@ -22,7 +22,8 @@ are :data:`REASONS`. The rules:
   probability at most 5 %), the fit halves its step size, until the step is at most 1/2
   and the iterates' spread small; then it averages the iterates (Polyak-Ruppert) until the
   Monte Carlo error of the averaged location and log-scale of q (in units of q's spread,
-  accounting for the iterates' correlation time ``(2 - rate) / rate``) is below ``tol``,
+  accounting for the iterates' correlation time: ``(2 - rate) / rate``, or longer where
+  measured so) is below ``tol``,
   and is **converged**, returning that average, when it agrees with the average at twice
   the step (else the step halves and it averages again). A step size below ``min_rate``
   without settling is a **floor** (not converged).
@@ -611,8 +612,9 @@ def _stochastic_message(control: Stochastic, reason: str) -> str | None:
     """:meth:`Stochastic.describe` for the reasons whose explanation needs its numbers."""
     if reason == "converged":
         how = (
-            f"the Monte Carlo error of the averaged q, as the step size's correlation time "
-            f"estimates it, is below tol = {control.tol:g} of its sds; q is the average of the "
+            f"the Monte Carlo error of the averaged q, with its iterates' correlation time "
+            f"(measured, at least the step's), is below tol = {control.tol:g} of its sds; q is "
+            f"the average of the "
             f"iterates over the last {control._average.count} steps"
             if control.averaging
             else f"the iterates moved by less than tol = {control.tol:g} of q's sds over the "

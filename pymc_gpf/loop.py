@@ -10,6 +10,8 @@ import logging
 import math
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +30,9 @@ logger = logging.getLogger("pymc_gpf")
 # numba compiles at the first call: tens of seconds for a model new to this machine, about a
 # second once its on-disk cache holds the step
 COMPILING = "compiling the step (cached on disk for the next run)…"
+# the progress display of the fit whose loop is running: a fit run as a stage inside it
+# (GPF continuing with GF's fresh draws) adds its own line there, shown if the outer one is
+_LIVE: ContextVar[CustomProgress | None] = ContextVar("pymc_gpf_live_progress", default=None)
 
 
 @dataclass
@@ -63,13 +68,19 @@ def run_steps(
     scores, sizes = np.full(n, np.nan), np.full(n, np.nan)
     done = 0
     result = LoopResult(scores, sizes)
+    outer = _LIVE.get()
+    if outer is not None:
+        title = f"  then {title[0].lower()}{title[1:]}"
+    display = nullcontext(outer) if outer is not None else CustomProgress(
+        *progress_columns(stops_itself),
+        TextColumn("{task.fields[loss]}"),
+        console=_console(theme),
+        disable=not progressbar,
+    )  # fmt: skip
+    live = None
     try:
-        with CustomProgress(
-            *progress_columns(stops_itself),
-            TextColumn("{task.fields[loss]}"),
-            console=_console(theme),
-            disable=not progressbar,
-        ) as progress:
+        with display as progress:
+            live = _LIVE.set(progress)
             task = progress.add_task(title, total=n, loss="" if step.calls else COMPILING)
             for i in range(n):
                 free_energy, ok, *values = step()
@@ -100,6 +111,8 @@ def run_steps(
         logger.info("Interrupted at step %d; returning the fit so far.", start + done)
         result.reason = "interrupted"
     finally:
+        if live is not None:
+            _LIVE.reset(live)
         result.free_energies, result.step_sizes = scores[:done], sizes[:done]
         finish(result)
     return result

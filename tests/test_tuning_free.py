@@ -349,17 +349,19 @@ def test_the_automatic_step_fits_where_a_fixed_one_diverges(counts, method):
     assert draws.std() == pytest.approx(1 / np.sqrt(5000), rel=0.1)
 
 
-def test_gpf_grows_its_cloud_or_continues_with_fresh_draws():
+def test_gpf_grows_its_cloud_or_continues_with_fresh_draws(capsys):
     """Eight schools (non-centred): the 20-particle cloud fits its own positions (its free
     energy below an independent -ELBO, or a fresh cloud of the same Gaussian far from a
     fixed point: the quadrature is too coarse). The fit restarts from its Gaussian with
     twice the particles while the cap (160) can be expected to pass (a quadrature's
     decrement falls as 1/N), else continues with fresh draws every step (GF's flow) from its
-    Gaussian, the particles then representing GF's q exactly."""
+    Gaussian, the particles then representing GF's q exactly; GF's steps show as a line of
+    the fit's progress display."""
     model = eight_schools()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        approx = pm.fit(method="gpf", model=model, random_seed=1, progressbar=False)
+        approx = pm.fit(method="gpf", model=model, random_seed=1, progressbar=True)
+    shown = capsys.readouterr().out
     stages = approx.inference.stages
     grown = [s for s in stages if "fresh_draws" not in s]
     sizes = [s["n_particles"] for s in grown]
@@ -378,6 +380,7 @@ def test_gpf_grows_its_cloud_or_continues_with_fresh_draws():
         assert before["n_particles"] == 160 or hopeless >= tol**2
         assert "GF's flow (fresh draws of q every step) continued" in approx.outcome.message
         assert len(approx.hist) > last["step"]  # GF's steps are on the trace
+        assert "Fitting GPF:" in shown and "then fitting GF:" in shown
         q = approx.gaussian()  # the particles represent GF's q, which has full rank
         assert len(approx.particles) == before["n_particles"] and q.rank == 10
     else:
