@@ -569,7 +569,7 @@ class _Average(Saved):
         """Per coordinate, the larger of ``correlation_time`` (what the step implies) and,
         if ``measured``, the AR(1) one measured from the iterates' lag-one autocorrelation
         ``rho``, ``(1 + rho) / (1 - rho)``: a mode that the step contracts more slowly than
-        it implies (WVGD's particles drifting together towards their cells' centroids)
+        it implies (two WVGD particles drifting together, seen in their cells' weights)
         shows in its own iterates."""
         if not measured:
             return np.full(np.shape(self.location_sum), float(correlation_time))

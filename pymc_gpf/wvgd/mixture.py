@@ -116,9 +116,10 @@ class MixtureQ:
         the drift. (Watching each particle's distance from the origin as well brought the
         Lloyd-Max errors at tol = 0.01 from up to 0.058 to up to 0.029, but made fits in
         10-90 dimensions 2-4 times as long and a 20-d type-II fit run out of its 10 000
-        steps: the particles' radial positions settle slowly and hardly change q. Their positions and mutual distances
-        never settled in 3-d: a rotation of the configuration costs nothing where the
-        target is near N(0, I), as whitening makes it.)"""
+        steps: the particles' radial positions settle slowly and hardly change q. Their
+        positions and mutual distances never settled in 3-d: a rotation of the
+        configuration costs nothing where the target is near N(0, I), as whitening makes
+        it.)"""
         particles, weights = self.particles.astype(float), self.weights
         j, d = particles.shape
         # at most ~2M numbers per call (it runs every step)
