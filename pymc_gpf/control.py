@@ -600,12 +600,11 @@ class _Average(Saved):
         n = self.located
         if n < max(2.0, 5 * correlation_time):
             return float("inf")
-        taus = self.correlation_times(correlation_time, measured)
+        taus, variances = self.correlation_times(correlation_time, measured), self._variances()
         longest = (1.0 + MAX_LAG_ONE) / (1.0 - MAX_LAG_ONE)
-        worst = np.sqrt(self._variances() * longest / n) / scale
-        if np.any((n < 5 * taus) & (worst >= tol)):
+        if np.any((n < 5 * taus) & (np.sqrt(variances * longest / n) / scale >= tol)):
             return float("inf")
-        return float(np.max(self.errors(correlation_time, scale, measured)))
+        return float(np.max(np.sqrt(variances * taus / n) / scale))
 
 
 def _stochastic_message(control: Stochastic, reason: str) -> str | None:
