@@ -498,6 +498,8 @@ class Stochastic(Control):
         self.rate = rate
         self._set_rate(rate)
         self._clear_window()
+        # a drift measured at another step size says nothing of the drift at this one
+        self._window_means = []
 
     def finish(self, reason):
         if reason == "max_steps" and self.averaging and self._average.count:

@@ -317,6 +317,22 @@ def test_quiet_windows_whose_means_still_move_do_not_end_a_fit():
     assert drifting([0.01, -0.02])  # r = 2: not contracting
 
 
+def test_a_drift_measured_at_another_step_size_does_not_end_a_fit():
+    """GF on the random walks: the windows' means of a scale moved -0.155 -> -0.069 sds at
+    rate 1, then -0.045 in the first window at rate 1/2. Read as one contraction (r = 0.28,
+    0.009 sds to go) the fit stopped there, 0.045 sds from the optimum (0.075 on another
+    seed); at the smaller step the drift is slower, and nothing is known of it yet."""
+    run = _Iterate(noise=0.0)
+    control = run.control(tol=0.03)
+    for mean in (-0.155, -0.069):
+        control._drifting(np.array([mean]))
+    moved = control._window_means
+    control._new_rate(0.5)
+    assert control._drifting(np.array([-0.045]))
+    control._window_means = moved  # the same means at one step size: contracting
+    assert not control._drifting(np.array([-0.045]))
+
+
 # ------------------------------------------------------------- defaults, end to end
 def test_a_fit_that_did_not_converge_says_so(regression_model):
     with pytest.warns(UserWarning, match="GPF did not converge: reached the maximum"):
