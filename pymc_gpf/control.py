@@ -445,7 +445,7 @@ class Stochastic(Control):
         one window, and after two unless they had the same mean. A slow drift passes the
         spread test: WVGD's two particles on N(0, 1) ended 0.07 sds from the Lloyd-Max points
         when the last window's iterates spread by 0.027 sds while its mean had moved by
-        0.058."""
+        0.058. Only windows at the current step size count (:meth:`_new_rate` clears them)."""
         history, self._window_means = self._window_means, [*self._window_means[-1:], mean]
         if not history:
             return True
