@@ -52,6 +52,9 @@ CHECK_STREAM = 5  # the verdict's draws, per step count
 HYPER_STREAM = 6  # the hyperparameters' draws of q, per step
 FRESH_STREAM = 7  # GPF's continuation with fresh draws (pymc_gpf.gpf.fresh)
 WHITEN_STREAM = 8  # WVGD's Gaussian fit whose coordinates it runs in
+# a first step whose points reach where log p is not finite, around a finite centre, is
+# retried from a start this many times narrower, at most MAX_NARROWINGS times
+NARROWING, MAX_NARROWINGS = 0.1, 3
 HYPER_DRAWS, HYPER_MAX_DRAWS, HYPER_BATCH = 4096, 32768, 512  # q's draws for θ's step
 
 
@@ -112,6 +115,7 @@ class FlowInference(Inference):
         self._hyper_fn = None
         self._progressbar = True  # as the last fit: refine() follows it
         self._start = start
+        self._start_note = ""  # how the start was narrowed, if it was (_narrow_start)
         self._seed(random_seed)
         # the options as this fit resolved them (a particle count for initial_particles,
         # GF's rank): set by the method's _initialise; ``config`` stays as given
@@ -154,6 +158,13 @@ class FlowInference(Inference):
 
     def _before_first_fit(self, options: FitOptions) -> None:
         """The first ``fit`` is about to start (not a continued or loaded one)."""
+
+    def _narrow_start(self, factor: float) -> str | None:
+        """Shrink the initial spread around its centre by ``factor`` (the first step found
+        the log-density not finite at some of the initial points) and return the option's
+        new value in words; ``None`` if this method's start cannot be narrowed (e.g. points
+        the user gave)."""
+        return None
 
     def _describe(self, reason: str) -> str:
         return self.control.describe(reason)
@@ -370,6 +381,8 @@ class FlowInference(Inference):
         message = self._describe(reason)
         if reason == "converged" and self.hyper is not None:
             message += f"; {self.hyper.describe()}"
+        if self._start_note:
+            message += f" ({self._start_note})"
         return message
 
     def _remedy(self, reason: str) -> str:
@@ -410,20 +423,34 @@ class FlowInference(Inference):
                 float(self._learning_rates.get_value()[0]), self.control.progress(),
             )  # fmt: skip
 
-        result = run_steps(
-            self.state.step,
-            n,
-            start=start,
-            title=f"Fitting {self.name.upper()}:",
-            observe=observe,
-            describe=describe,
-            finish=lambda result: self._record_run(result, n),
-            callbacks=self.state.callbacks,
-            approx=self.approx,
-            progressbar=progressbar,
-            theme=progressbar_theme,
-            stops_itself=self.fit_options.tol is not None,
-        )
+        for narrowed in range(MAX_NARROWINGS + 1):
+            result = run_steps(
+                self.state.step,
+                n,
+                start=start,
+                title=f"Fitting {self.name.upper()}:",
+                observe=observe,
+                describe=describe,
+                finish=lambda result: self._record_run(result, n),
+                callbacks=self.state.callbacks,
+                approx=self.approx,
+                progressbar=progressbar,
+                theme=progressbar_theme,
+                stops_itself=self.fit_options.tol is not None,
+            )
+            first_step_failed = result.failure == 0 and start == 0 and self.fit_options.auto
+            if not first_step_failed or narrowed == MAX_NARROWINGS:
+                break
+            spread = self._narrow_start(NARROWING)
+            if spread is None:
+                break
+            # a centre where log p is finite (check_start) with initial points around it
+            # where it is not (e.g. a censored likelihood underflowing far from the data):
+            # the automatic default starts closer to the centre rather than fail
+            self._start_note = (
+                f"the initial {self.start_points} reached where the log-density is not "
+                f"finite, so the fit started from a narrower q ({spread})"
+            )
         if result.failure is not None:
             failed = FailedStep(
                 self.name, result.failure, self.state.step.diagnose(self.target),

@@ -19,6 +19,7 @@ Pure functions in PyTensor; ``factors`` is always a list (one entry for "full" a
 
 from __future__ import annotations
 
+import numpy as np
 import pytensor.tensor as pt
 
 from pytensor.graph.basic import Variable
@@ -216,4 +217,8 @@ def _largest_abs_eigenvalue(sym: Variable) -> Variable:
     ``K`` is large, where an eigendecomposition per step would dominate the cost."""
     if sym.type.shape[0] > 200:
         return pt.sqrt(pt.sum(pt.square(sym)))
-    return pt.max(pt.abs(pt.linalg.eigh(sym)[0]))
+    # a draw with a non-finite gradient must reach the step's guard (which refuses the step),
+    # not LAPACK, which raises on it
+    finite = pt.all(pt.isfinite(sym))
+    largest = pt.max(pt.abs(pt.linalg.eigh(pt.switch(finite, sym, 0.0))[0]))
+    return pt.switch(finite, largest, np.nan)

@@ -218,6 +218,12 @@ class GF(FlowInference):
         factors = initial_factors(self.structure, rank, config.init_scale, d, self.target.dtype)
         return GFApproximation(self, mean.astype(self.target.dtype), factors)
 
+    def _narrow_start(self, factor: float) -> str | None:
+        for f in self.approx.shared_factors:
+            f.set_value(f.get_value() * np.asarray(factor, dtype=f.dtype))
+        self.resolved = replace(self.resolved, init_scale=self.resolved.init_scale * factor)
+        return f"init_scale {self.resolved.init_scale:.3g}"
+
     def _fitted_settings(self) -> dict:
         return {
             "ranks": [f.shape[-1] for f in self.approx.factors],
