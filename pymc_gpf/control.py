@@ -636,9 +636,16 @@ def _stochastic_message(control: Stochastic, reason: str) -> str | None:
             f"at step size {control.rate:.2g}"
         )
     if reason == "max_steps" and control.averaging and control._average.windows >= 2:
+        error = control._average_error()
+        if not math.isfinite(error):
+            return (
+                f"reached the maximum number of steps while averaging, over "
+                f"{control._average.located} steps, too few for five correlation times of "
+                "its slowest coordinates (their Monte Carlo error cannot be estimated yet)"
+            )
         return (
             f"reached the maximum number of steps while averaging (Monte Carlo error of "
-            f"the average {control._average_error():.2g} sds, tol {control.tol:g})"
+            f"the average {error:.2g} sds, tol {control.tol:g})"
         )
     return None
 

@@ -287,6 +287,22 @@ def test_the_average_s_error_measures_a_correlation_slower_than_the_step_implies
     assert average.error(3.0, np.ones(2), tol=0.05) == pytest.approx(errors[0])
 
 
+def test_a_fit_that_ran_out_of_steps_before_its_error_was_known_says_why():
+    """An average over 200 steps of a coordinate with lag-one autocorrelation 0.999 (e.g.
+    WVGD's running cell weights) spans less than five of its correlation times, so its
+    error is unknown (inf): the message says so instead of "error inf sds"."""
+    run = _Iterate(noise=0.0)
+    control = run.control(tol=0.03)
+    control.averaging = True
+    walk = np.cumsum(np.random.default_rng(0).normal(size=200))[:, None]
+    for window in np.split(walk, 10):
+        control._average.add_window(window)
+    assert control._average_error() == np.inf
+    message = control.describe("max_steps")
+    assert "over 200 steps, too few for five correlation times" in message
+    assert "inf" not in message
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_the_stochastic_rule_does_not_stop_on_a_drifting_fit(seed):
     """A fixed point that keeps moving (the free energy keeps falling): no stop in 50 000
