@@ -63,6 +63,9 @@ NEAR = 1.0
 Z_ONE_SIDED_005 = 3.29
 # the largest lag-one autocorrelation the error estimate believes (a correlation time of 399)
 MAX_LAG_ONE = 0.995
+# a window's mean that moved by less than this fraction of tol is at rest: a drift of that
+# size per window would take a thousand windows to reach tol
+AT_REST = 1e-3
 Z_BIAS = 3.0  # two averages agree when within tol plus this many sds of their difference
 # while averaging, the average restarts only on a drop significant at 0.05 %: it is tested
 # after every window, and a 5 % test would restart a long average by chance
@@ -421,12 +424,15 @@ class Stochastic(Control):
         elif not falling:
             spread = float(np.max(np.std(locations, axis=0, ddof=1) / self._scale))
             small_step = self.rate <= self.max_average_rate
-            if small_step and spread < self.tol and not drifting:
+            quiet = small_step and spread < self.tol
+            if quiet and drifting is False:
                 # every iterate of the window within about tol of its average, and the
                 # windows' averages no longer moving: the average is that precise whatever
                 # their correlation (e.g. GF on a Gaussian target)
                 return self._stop(self._window_sums, len(locations), "converged")
-            if small_step and spread < self.max_spread:
+            if quiet and drifting is None:
+                pass  # quiet, but its drift at this step size is not known yet: one more window
+            elif small_step and spread < self.max_spread:
                 self.averaging = True
                 self._average = _Average()
             else:
@@ -437,23 +443,26 @@ class Stochastic(Control):
         self._clear_window()
         return None
 
-    def _drifting(self, mean: np.ndarray) -> bool:
+    def _drifting(self, mean: np.ndarray) -> bool | None:
         """Whether the windows' mean locations are still on the move: the last window's
         moved ``d1`` (in q's sds) from the one before, which had moved ``d0``; a drift
         contracting by ``r = d1 / d0`` per window has ``d1 r / (1 - r)`` left to go. On the
-        move unless both ``d1`` and that are below ``tol`` (or nothing moved): always after
-        one window, and after two unless they had the same mean. A slow drift passes the
+        move unless both ``d1`` and that are below ``tol`` (or ``d1`` is below
+        ``AT_REST * tol``: at rest); ``None``, not known yet, after one window and after two
+        whose means differ by less than ``tol`` but more than at rest. A slow drift passes the
         spread test: WVGD's two particles on N(0, 1) ended 0.07 sds from the Lloyd-Max points
         when the last window's iterates spread by 0.027 sds while its mean had moved by
         0.058. Only windows at the current step size count (:meth:`_new_rate` clears them)."""
         history, self._window_means = self._window_means, [*self._window_means[-1:], mean]
         if not history:
-            return True
+            return None
         d1 = float(np.max(np.abs(mean - history[-1]) / self._scale))
-        if d1 == 0.0:
+        if d1 <= AT_REST * self.tol:  # round-off (GF on a Gaussian target moves by 1e-13)
             return False
-        if d1 >= self.tol or len(history) < 2:
+        if d1 >= self.tol:
             return True
+        if len(history) < 2:
+            return None
         d0 = float(np.max(np.abs(history[-1] - history[-2]) / self._scale))
         r = d1 / d0 if d0 > 0 else math.inf
         return r >= 1 or d1 * r / (1 - r) >= self.tol

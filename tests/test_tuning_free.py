@@ -324,13 +324,16 @@ def test_quiet_windows_whose_means_still_move_do_not_end_a_fit():
         means = np.cumsum([0.0, *moves])
         return [control._drifting(np.array([m])) for m in means][-1]
 
-    assert drifting([])  # one window: nothing known about its drift
-    assert drifting([0.01])  # two: not yet its rate
-    assert drifting([0.0417, 0.04])  # r = 0.96: 0.96 sds to go
-    assert drifting([0.2, 0.06])  # the last move is above tol
-    assert not drifting([0.02, 0.01])  # r = 1/2: 0.01 to go
-    assert not drifting([0.0, 0.0])  # at rest
-    assert drifting([0.01, -0.02])  # r = 2: not contracting
+    assert drifting([]) is None  # one window: nothing known about its drift
+    assert drifting([0.01]) is None  # two: not yet its rate
+    assert drifting([0.2]) is True  # two, but the move is above tol
+    assert drifting([0.0]) is False  # two at rest
+    assert drifting([0.0417, 0.04]) is True  # r = 0.96: 0.96 sds to go
+    assert drifting([0.2, 0.06]) is True  # the last move is above tol
+    assert drifting([0.02, 0.01]) is False  # r = 1/2: 0.01 to go
+    assert drifting([0.0, 0.0]) is False  # at rest
+    assert drifting([0.01, -0.02]) is True  # r = 2: not contracting
+    assert drifting([5e-14, 1.6e-8]) is False  # round-off: at rest, whatever its ratio
 
 
 def test_a_drift_measured_at_another_step_size_does_not_end_a_fit():
@@ -344,9 +347,9 @@ def test_a_drift_measured_at_another_step_size_does_not_end_a_fit():
         control._drifting(np.array([mean]))
     moved = control._window_means
     control._new_rate(0.5)
-    assert control._drifting(np.array([-0.045]))
+    assert control._drifting(np.array([-0.045])) is None
     control._window_means = moved  # the same means at one step size: contracting
-    assert not control._drifting(np.array([-0.045]))
+    assert control._drifting(np.array([-0.045])) is False
 
 
 # ------------------------------------------------------------- defaults, end to end
