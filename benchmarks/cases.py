@@ -1,5 +1,5 @@
 """The case registry: data, PyMC models and their references (``benchmarks/data/README.md``):
-classification data shipped with scikit-learn or ``examples/data``, posteriordb and
+the German credit data of ``examples/data``, posteriordb and
 inference-gym references (the Stan models translated with their priors and parameterisation)
 and :data:`HARD`, synthetic posteriors with long NUTS references cached in
 ``benchmarks/data/hard/`` (``python -m benchmarks.cases [--recompute]``)."""
@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import functools
 import gzip
-import itertools
 import json
 import time
 
@@ -26,7 +25,6 @@ import pymc_gpf
 
 DATA = Path(__file__).resolve().parent / "data"
 GERMAN_DIR = DATA.parent.parent / "examples" / "data"
-MAX_STEPS = 1_000_000  # step cap of the time-budgeted fits (the trace is preallocated)
 
 
 # ------------------------------------------------------------------------ speed models
@@ -70,42 +68,10 @@ def speed_model(spec: dict):
     return model
 
 
-# ----------------------------------------------------------------- classification data
-def standardise(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
-    """Centred and scaled by the training columns' mean and sd (constant columns unscaled)."""
-    mean, sd = train.mean(axis=0), train.std(axis=0)
-    return [(a - mean) / np.where(sd > 0, sd, 1.0) for a in (train, *others)]
-
-
+# ------------------------------------------------------------ logistic regression
 def german_credit() -> tuple[np.ndarray, np.ndarray]:
     raw = np.loadtxt(GERMAN_DIR / "german.data-numeric")
     return raw[:, :24], (raw[:, 24] == 2).astype(np.int64)
-
-
-def binary_dataset(name: str) -> tuple[np.ndarray, np.ndarray]:
-    """``iris`` (setosa vs rest), ``diabetes`` (above its median), ``breast_cancer``
-    (benign), ``german_credit`` (bad credit)."""
-    from sklearn import datasets
-
-    if name == "german_credit":
-        return german_credit()
-    data = getattr(datasets, f"load_{name}")()
-    labels = {"iris": data.target == 0, "breast_cancer": data.target == 1}
-    return data.data, labels.get(name, data.target > np.median(data.target)).astype(np.int64)
-
-
-def digits() -> tuple[np.ndarray, np.ndarray]:
-    from sklearn import datasets
-
-    data = datasets.load_digits()
-    return data.data / 16.0, data.target.astype(np.int64)
-
-
-def random_splits(n: int, test_fraction: float, n_splits: int, seed: int) -> list:
-    """``n_splits`` (train, test) index pairs of equal sizes (one compiled graph serves all)."""
-    rng, n_test = np.random.default_rng(seed), round(n * test_fraction)
-    orders = [rng.permutation(n) for _ in range(n_splits)]
-    return [(np.sort(o[n_test:]), np.sort(o[:n_test])) for o in orders]
 
 
 def logistic_model(x, y, prior_sd: float, *, intercept: bool = True, as_data: bool = True):
@@ -118,80 +84,6 @@ def logistic_model(x, y, prior_sd: float, *, intercept: bool = True, as_data: bo
             logit = logit + pm.Normal("b", 0.0, prior_sd)
         pm.Bernoulli("obs", logit_p=logit, observed=y_data)
     return model
-
-
-def logistic_probabilities(draws: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
-    """``p(y = 1 | x)`` averaged over draws ``{"w": (S, P), "b": (S,)}``."""
-    return np.mean(1.0 / (1.0 + np.exp(-(draws["w"] @ x.T + draws["b"][:, None]))), axis=0)
-
-
-@dataclass(frozen=True)
-class BNN:
-    """A network ``inputs -> hidden... (tanh) -> classes (softmax)``."""
-
-    inputs: int
-    hidden: tuple[int, ...]
-    classes: int
-
-    widths = property(lambda self: [self.inputs, *self.hidden, self.classes])
-    n_weights = property(lambda self: sum((a + 1) * b for a, b in itertools.pairwise(self.widths)))
-    name = property(lambda self: "–".join(map(str, self.widths)))
-
-    def model(self, x, y, prior_sd: float = 1.0, batch_size: int | None = None):
-        """``N(0, prior_sd)`` weights ``W{l}`` and biases ``b{l}``; a categorical likelihood
-        written with elementwise Ops (PyMC's ``Categorical`` indexes with ``arange``, which
-        cannot be batched over particles); ``batch_size``: a ``pm.Minibatch`` of the rows."""
-        onehot = np.eye(self.classes)[y]
-        with pm.Model() as model:
-            if batch_size is None:
-                h, observed, total = pt.as_tensor(x), onehot, None
-            else:
-                (h, observed), total = pm.Minibatch(x, onehot, batch_size=batch_size), len(y)
-            for layer, (a, b) in enumerate(itertools.pairwise(self.widths)):
-                h = h @ pm.Normal(f"W{layer}", 0.0, prior_sd, shape=(a, b))
-                h = h + pm.Normal(f"b{layer}", 0.0, prior_sd, shape=b)
-                h = pt.tanh(h) if layer < len(self.widths) - 2 else h
-
-            def logp(value, logits):
-                return pt.sum(value * (logits - pt.logsumexp(logits, -1, keepdims=True)), -1)
-
-            pm.CustomDist("obs", h, logp=logp, signature="(k)->(k)", observed=observed,
-                          total_size=total)  # fmt: skip
-        return model
-
-    def probabilities(self, weights: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
-        """Class probabilities ``(n, classes)`` averaged over draws of the weights."""
-        h = np.broadcast_to(x, (len(weights["W0"]), *x.shape))
-        layers = len(self.widths) - 1
-        for layer in range(layers):
-            h = h @ weights[f"W{layer}"] + weights[f"b{layer}"][:, None, :]
-            h = np.tanh(h) if layer < layers - 1 else h
-        probs = np.exp(h - h.max(axis=-1, keepdims=True))
-        return (probs / probs.sum(axis=-1, keepdims=True)).mean(axis=0)
-
-
-def reliability(probs: np.ndarray, y: np.ndarray, bins: int = 10):
-    """Per equal-width confidence bin: mean confidence, accuracy and count."""
-    confidence, correct = probs.max(axis=1), (probs.argmax(axis=1) == y).astype(float)
-    which = np.clip((confidence * bins).astype(int), 0, bins - 1)
-    count = np.bincount(which, minlength=bins)
-    safe = np.maximum(count, 1)
-    mean_conf = np.bincount(which, confidence, minlength=bins) / safe
-    return mean_conf, np.bincount(which, correct, minlength=bins) / safe, count
-
-
-def classification_metrics(probs: np.ndarray, y: np.ndarray, bins: int = 10) -> dict[str, float]:
-    """Test NLL (nats per point), accuracy and expected calibration error (Guo et al. 2017)."""
-    probs = np.asarray(probs)
-    if probs.ndim == 1:
-        probs = np.stack([1.0 - probs, probs], axis=1)
-    p_true = probs[np.arange(len(y)), y]
-    mean_conf, accuracy, count = reliability(probs, y, bins)
-    return {
-        "nll": float(-np.mean(np.log(np.clip(p_true, 1e-300, None)))),
-        "accuracy": float(np.mean(probs.argmax(axis=1) == y)),
-        "ece": float(np.sum(count * np.abs(accuracy - mean_conf)) / count.sum()),
-    }
 
 
 def sliced_wasserstein(a, b, n_projections: int = 200, seed: int = 0, levels: int = 1000) -> float:

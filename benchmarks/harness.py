@@ -245,12 +245,6 @@ def flat_sample(approx, draws: int, seed: int) -> np.ndarray:
     return params["mu"] + noise @ chol.T
 
 
-def split_flat(flat: np.ndarray, target) -> dict[str, np.ndarray]:
-    """Flat draws ``(S, D)`` as ``{value variable: (S, *shape)}``."""
-    return {c.value_name: flat[:, c.start : c.stop].reshape(len(flat), *c.shape)
-            for c in target.coordinates}  # fmt: skip
-
-
 def max_errors(columns: np.ndarray, mean: np.ndarray, sd: np.ndarray) -> tuple[float, float]:
     """max |ε_μ| (in reference sds) and max |ε_σ| (relative) of draws ``(S, P)``."""
     columns = columns[np.all(np.isfinite(columns), axis=1)]

@@ -1,24 +1,157 @@
-"""The papers' real-data experiments: logistic regression (GPF paper Fig. 6), a Bayesian neural
-network on digits (Table 1), and WVGD's Lloyd–Max check and evidence bound (WVGD paper §10.2)."""
+"""The papers' real-data experiments, as sections of the benchmark report: Bayesian logistic
+regression (GPF paper Fig. 6: test NLL against wall time), a Bayesian neural network on
+scikit-learn's digits (GPF paper Table 1: NLL, accuracy, calibration) and WVGD's Lloyd–Max check
+and evidence bound against the number of particles (WVGD paper §10.2).
+
+The benchmark runner fits, times and counts them like its own sections (``benchmarks/README.md``)
+and writes their tables and figures into the report, ``docs/benchmarks.md`` (sections logistic,
+bnn and wvgd). ``python -m benchmarks run`` runs them with the others; ``--quick`` leaves them to
+the test suite (``tests/test_examples.py`` runs this script quick).
+
+Run: ``python examples/paper_real_data.py [--quick] [--out DIR] [--backend B]`` (the options of
+``python -m benchmarks run``; ``--quick`` writes ``build/benchmarks-quick/``, the full run, about
+20 minutes on 2 cores, rewrites the report's three sections).
+"""
 
 from __future__ import annotations
 
 import itertools
+import sys
 import time
+
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pymc as pm
+import pytensor.tensor as pt
 
 import pymc_gpf
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's benchmarks/
 
 from benchmarks import cases, harness
 from benchmarks.harness import Method, fmt, md_table
 
+MAX_STEPS = 1_000_000  # step cap of the time-budgeted fits (the trace is preallocated)
 ADAM = {"optimizer": "adam", "learning_rate": 1e-2}
 RMS = {"optimizer": "rmsprop", "learning_rate": 1e-2}
 DIAGONAL = {"structure": "diagonal", "natural_mean": True}
 NLL, ACCURACY = ("test_nll", "nll", "nats/point"), ("test_accuracy", "accuracy", "fraction")
 CURVE_NLL = ("curve_test_nll", "nll", "nats/point")  # (CSV metric, key of the metrics, unit)
+
+
+# ----------------------------------------------------------------------------------- data
+def standardise(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
+    """Centred and scaled by the training columns' mean and sd (constant columns unscaled)."""
+    mean, sd = train.mean(axis=0), train.std(axis=0)
+    return [(a - mean) / np.where(sd > 0, sd, 1.0) for a in (train, *others)]
+
+
+def binary_dataset(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``iris`` (setosa vs rest), ``diabetes`` (above its median), ``breast_cancer``
+    (benign), ``german_credit`` (bad credit)."""
+    from sklearn import datasets
+
+    if name == "german_credit":
+        return cases.german_credit()
+    data = getattr(datasets, f"load_{name}")()
+    labels = {"iris": data.target == 0, "breast_cancer": data.target == 1}
+    return data.data, labels.get(name, data.target > np.median(data.target)).astype(np.int64)
+
+
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn import datasets
+
+    data = datasets.load_digits()
+    return data.data / 16.0, data.target.astype(np.int64)
+
+
+def random_splits(n: int, test_fraction: float, n_splits: int, seed: int) -> list:
+    """``n_splits`` (train, test) index pairs of equal sizes (one compiled graph serves all)."""
+    rng, n_test = np.random.default_rng(seed), round(n * test_fraction)
+    orders = [rng.permutation(n) for _ in range(n_splits)]
+    return [(np.sort(o[n_test:]), np.sort(o[:n_test])) for o in orders]
+
+
+def logistic_probabilities(draws: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """``p(y = 1 | x)`` averaged over draws ``{"w": (S, P), "b": (S,)}``."""
+    return np.mean(1.0 / (1.0 + np.exp(-(draws["w"] @ x.T + draws["b"][:, None]))), axis=0)
+
+
+@dataclass(frozen=True)
+class BNN:
+    """A network ``inputs -> hidden... (tanh) -> classes (softmax)``."""
+
+    inputs: int
+    hidden: tuple[int, ...]
+    classes: int
+
+    widths = property(lambda self: [self.inputs, *self.hidden, self.classes])
+    n_weights = property(lambda self: sum((a + 1) * b for a, b in itertools.pairwise(self.widths)))
+    name = property(lambda self: "–".join(map(str, self.widths)))
+
+    def model(self, x, y, prior_sd: float = 1.0, batch_size: int | None = None):
+        """``N(0, prior_sd)`` weights ``W{l}`` and biases ``b{l}``; a categorical likelihood
+        written with elementwise Ops (PyMC's ``Categorical`` indexes with ``arange``, which
+        cannot be batched over particles); ``batch_size``: a ``pm.Minibatch`` of the rows."""
+        onehot = np.eye(self.classes)[y]
+        with pm.Model() as model:
+            if batch_size is None:
+                h, observed, total = pt.as_tensor(x), onehot, None
+            else:
+                (h, observed), total = pm.Minibatch(x, onehot, batch_size=batch_size), len(y)
+            for layer, (a, b) in enumerate(itertools.pairwise(self.widths)):
+                h = h @ pm.Normal(f"W{layer}", 0.0, prior_sd, shape=(a, b))
+                h = h + pm.Normal(f"b{layer}", 0.0, prior_sd, shape=b)
+                h = pt.tanh(h) if layer < len(self.widths) - 2 else h
+
+            def logp(value, logits):
+                return pt.sum(value * (logits - pt.logsumexp(logits, -1, keepdims=True)), -1)
+
+            pm.CustomDist("obs", h, logp=logp, signature="(k)->(k)", observed=observed,
+                          total_size=total)  # fmt: skip
+        return model
+
+    def probabilities(self, weights: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+        """Class probabilities ``(n, classes)`` averaged over draws of the weights."""
+        h = np.broadcast_to(x, (len(weights["W0"]), *x.shape))
+        layers = len(self.widths) - 1
+        for layer in range(layers):
+            h = h @ weights[f"W{layer}"] + weights[f"b{layer}"][:, None, :]
+            h = np.tanh(h) if layer < layers - 1 else h
+        probs = np.exp(h - h.max(axis=-1, keepdims=True))
+        return (probs / probs.sum(axis=-1, keepdims=True)).mean(axis=0)
+
+
+def reliability(probs: np.ndarray, y: np.ndarray, bins: int = 10):
+    """Per equal-width confidence bin: mean confidence, accuracy and count."""
+    confidence, correct = probs.max(axis=1), (probs.argmax(axis=1) == y).astype(float)
+    which = np.clip((confidence * bins).astype(int), 0, bins - 1)
+    count = np.bincount(which, minlength=bins)
+    safe = np.maximum(count, 1)
+    mean_conf = np.bincount(which, confidence, minlength=bins) / safe
+    return mean_conf, np.bincount(which, correct, minlength=bins) / safe, count
+
+
+def classification_metrics(probs: np.ndarray, y: np.ndarray, bins: int = 10) -> dict[str, float]:
+    """Test NLL (nats per point), accuracy and expected calibration error (Guo et al. 2017)."""
+    probs = np.asarray(probs)
+    if probs.ndim == 1:
+        probs = np.stack([1.0 - probs, probs], axis=1)
+    p_true = probs[np.arange(len(y)), y]
+    mean_conf, accuracy, count = reliability(probs, y, bins)
+    return {
+        "nll": float(-np.mean(np.log(np.clip(p_true, 1e-300, None)))),
+        "accuracy": float(np.mean(probs.argmax(axis=1) == y)),
+        "ece": float(np.sum(count * np.abs(accuracy - mean_conf)) / count.sum()),
+    }
+
+
+def split_flat(flat: np.ndarray, target) -> dict[str, np.ndarray]:
+    """Flat draws ``(S, D)`` as ``{value variable: (S, *shape)}``."""
+    return {c.value_name: flat[:, c.start : c.stop].reshape(len(flat), *c.shape)
+            for c in target.coordinates}  # fmt: skip
 
 
 def fit_budgeted(method: Method, model, metrics, seed: int, budget: float, per_decade: int,
@@ -28,11 +161,11 @@ def fit_budgeted(method: Method, model, metrics, seed: int, budget: float, per_d
     target = pymc_gpf.BatchedTarget(model)
 
     def measure(approx, draws: int, seed: int) -> dict[str, float]:
-        return metrics(harness.split_flat(harness.flat_sample(approx, draws, seed), target))
+        return metrics(split_flat(harness.flat_sample(approx, draws, seed), target))
 
-    run = harness.fit_method(method, model, cases.MAX_STEPS, seed + 1,
+    run = harness.fit_method(method, model, MAX_STEPS, seed + 1,
                              check=lambda approx: measure(approx, draws, seed),
-                             check_at=harness.geometric_steps(cases.MAX_STEPS, per_decade),
+                             check_at=harness.geometric_steps(MAX_STEPS, per_decade),
                              max_seconds=budget)  # fmt: skip
     run.final = measure(run.approx, final_draws, final_seed)
     return run
@@ -95,17 +228,17 @@ def logistic(ctx) -> str:
     labels = ctx.pick(("GPF diagonal (N = 11)", "ADVI (default)"), None)
     fits, nuts, parts = {}, {}, []
     for name in datasets:
-        x, y = cases.binary_dataset(name)
-        splits = [[*cases.standardise(x[a], x[b]), y[a], y[b]]
-                  for a, b in cases.random_splits(len(y), 0.2, n_splits, 0)]  # fmt: skip
+        x, y = binary_dataset(name)
+        splits = [[*standardise(x[a], x[b]), y[a], y[b]]
+                  for a, b in random_splits(len(y), 0.2, n_splits, 0)]  # fmt: skip
         model = cases.logistic_model(splits[0][0], splits[0][2], float(np.sqrt(10.0)))
         fits[name], nuts[name] = [], []
         for i, (x_train, x_test, y_train, y_test) in enumerate(splits):
             pm.set_data({"x": x_train, "y": y_train}, model=model)
 
             def metrics(draws, x_test=x_test, y_test=y_test) -> dict[str, float]:
-                probs = cases.logistic_probabilities(draws, x_test)
-                return {k: v for k, v in cases.classification_metrics(probs, y_test).items()
+                probs = logistic_probabilities(draws, x_test)
+                return {k: v for k, v in classification_metrics(probs, y_test).items()
                         if k != "ece"}  # fmt: skip
 
             for method in harness.select(LOGISTIC_METHODS, labels):
@@ -194,13 +327,13 @@ BNN_STYLES = {"full": "-", "rank 10": "-", "variables": "--", "rank 5": "--", "d
 
 
 def bnn(ctx) -> str:
-    x, y = cases.digits()
-    ((train, test),) = cases.random_splits(len(y), 0.2, 1, 0)
+    x, y = digits()
+    ((train, test),) = random_splits(len(y), 0.2, 1, 0)
     budget = ctx.pick(3.0, 15.0)
     labels = ctx.pick(("GPF variables (N = 11)", "ADVI (adam 0.01)"), None)
     fits, nets = {}, {}
     for hidden in ctx.pick(((16,),), ((20,), (20, 20))):
-        net = nets[cases.BNN(x.shape[1], hidden, 10).name] = cases.BNN(x.shape[1], hidden, 10)
+        net = nets[BNN(x.shape[1], hidden, 10).name] = BNN(x.shape[1], hidden, 10)
         models = {True: net.model(x[train], y[train], 1.0, 128), False: None}
         rng = np.random.default_rng(0)  # one random network starts every method (0 is a saddle)
         start = {}
@@ -217,7 +350,7 @@ def bnn(ctx) -> str:
 
             def metrics(draws, net=net) -> dict:
                 probs = net.probabilities(draws, x[test])
-                return {**cases.classification_metrics(probs, y[test], 10), "probs": probs}
+                return {**classification_metrics(probs, y[test], 10), "probs": probs}
 
             fit = fit_budgeted(method, models[batched], metrics, 0, budget, 6, 50, 500, 1)
             for row in fit.checks:
@@ -256,7 +389,7 @@ def bnn(ctx) -> str:
     fig, axes = plt.subplots(-(-len(chosen) // ncols), ncols, squeeze=False,
                              figsize=(2.6 * ncols, 2.7 * -(-len(chosen) // ncols)))  # fmt: skip
     for ax, fit in zip(axes.flat, chosen, strict=False):
-        _, accuracy, count = cases.reliability(fit.final["probs"], y[test], 10)
+        _, accuracy, count = reliability(fit.final["probs"], y[test], 10)
         edges = np.linspace(0, 1, 11)[:-1]
         ax.bar(edges[count > 0], accuracy[count > 0], width=0.1, align="edge", alpha=0.7)
         ax.plot([0, 1], [0, 1], "k:", lw=0.8)
@@ -338,12 +471,12 @@ def wvgd(ctx) -> str:
     bounds, rows = {}, []
     for name in ctx.pick(("iris",), ("iris", "diabetes", "breast_cancer")):
         print(f"   bound vs J: {name}", flush=True)
-        x, y = cases.binary_dataset(name)
+        x, y = binary_dataset(name)
         model, bound, advi = None, np.empty((repeats, len(particles))), np.full(repeats, np.nan)
         start = time.perf_counter()
         for r in range(repeats):
             subset = np.random.default_rng(r).choice(len(y), 50, replace=False)
-            (xs,) = cases.standardise(x[subset])
+            (xs,) = standardise(x[subset])
             if model is None:
                 model = cases.logistic_model(xs, y[subset], prior_sd=1.0)
             else:
@@ -407,3 +540,8 @@ SECTIONS = {
     "bnn": ("Bayesian neural network on digits: NLL, accuracy, calibration (paper Table 1)", bnn),
     "wvgd": ("WVGD: Lloyd–Max check and evidence bound vs particles (WVGD paper §10.2)", wvgd),
 }
+
+if __name__ == "__main__":  # the benchmark runner, restricted to these sections
+    from benchmarks.__main__ import main
+
+    sys.exit(main(["run", "--only", *SECTIONS, *sys.argv[1:]]))
