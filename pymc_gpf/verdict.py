@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from scipy.special import logsumexp
+
 from pymc_gpf.diagnostics import WIDE_SCALE, WIDE_SHARE, smoothed_log_weights
 
 __all__ = [
@@ -115,6 +117,9 @@ class ImportanceCheck:
     worst_sd: str
     elbo: float
     elbo_mcse: float
+    # log p(y) estimated by importance sampling, log mean exp(log p - log q): its excess over
+    # the ELBO is the bound's gap, KL(q || posterior)
+    log_evidence: float = float("nan")
     # over all scalars: the largest upper and lower 2-se bounds of the two errors
     upper: float = 0.0  # max over scalars of (|error| + 2 se) / tolerance
     lower: float = 0.0  # max over scalars of (|error| - 2 se) / tolerance
@@ -147,6 +152,7 @@ class ImportanceCheck:
             "max_sd_error_at": self.worst_sd,
             "elbo": self.elbo,
             "elbo_mcse": self.elbo_mcse,
+            "log_evidence": self.log_evidence,
             "mixture_pareto_k": self.mixture_k,
         }
 
@@ -413,6 +419,9 @@ def _summarise(approx, proposals, names, batches, log_p, log_q, log_wide, cache)
         elbo=float(np.mean(ratios[usable])) if usable.any() else float("nan"),
         elbo_mcse=float(np.std(ratios[usable], ddof=1) / np.sqrt(usable.sum()))
         if usable.sum() > 1
+        else float("nan"),
+        log_evidence=float(logsumexp(ratios[usable]) - np.log(usable.sum()))
+        if usable.any()
         else float("nan"),
         upper=float(np.max(upper)),
         lower=float(np.max(lower)),
