@@ -168,12 +168,11 @@ class FlowInference(Inference):
     def _before_first_fit(self, options: FitOptions) -> None:
         """The first ``fit`` is about to start (not a continued or loaded one)."""
 
-    def _narrow_start(self, factor: float) -> str | None:
+    def _narrow_start(self, factor: float) -> bool:
         """Shrink the initial spread around its centre by ``factor`` (the first step found
-        the log-density not finite at some of the initial points) and return the option's
-        new value in words; ``None`` if this method's start cannot be narrowed (e.g. points
-        the user gave)."""
-        return None
+        the log-density not finite at some of the initial points); ``False`` if this
+        method's start cannot be narrowed (e.g. points the user gave)."""
+        return False
 
     def _describe(self, reason: str) -> str:
         return self.control.describe(reason)
@@ -466,15 +465,17 @@ class FlowInference(Inference):
             first_step_failed = result.failure == 0 and start == 0 and self.fit_options.auto
             if not first_step_failed or narrowed == MAX_NARROWINGS:
                 break
-            spread = self._narrow_start(NARROWING)
-            if spread is None:
+            if not self._narrow_start(NARROWING):
                 break
+            option = self.spread_option
+            narrower = getattr(self.resolved, option) * NARROWING
+            self.resolved = replace(self.resolved, **{option: narrower})
             # a centre where log p is finite (check_start) with initial points around it
             # where it is not (e.g. a censored likelihood underflowing far from the data):
             # the automatic default starts closer to the centre rather than fail
             self._start_note = (
                 f"the initial {self.start_points} reached where the log-density is not "
-                f"finite, so the fit started from a narrower q ({spread})"
+                f"finite, so the fit started from a narrower q ({option} {narrower:.3g})"
             )
         if result.failure is not None:
             failed = FailedStep(

@@ -218,11 +218,10 @@ class GF(FlowInference):
         factors = initial_factors(self.structure, rank, config.init_scale, d, self.target.dtype)
         return GFApproximation(self, mean.astype(self.target.dtype), factors)
 
-    def _narrow_start(self, factor: float) -> str | None:
+    def _narrow_start(self, factor: float) -> bool:
         for f in self.approx.shared_factors:
             f.set_value(f.get_value() * np.asarray(factor, dtype=f.dtype))
-        self.resolved = replace(self.resolved, init_scale=self.resolved.init_scale * factor)
-        return f"init_scale {self.resolved.init_scale:.3g}"
+        return True
 
     def _fitted_settings(self) -> dict:
         return {

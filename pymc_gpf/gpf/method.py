@@ -192,15 +192,14 @@ class GPF(FlowInference):
         )  # fmt: skip
         return GPFApproximation(self, particles)
 
-    def _narrow_start(self, factor: float) -> str | None:
+    def _narrow_start(self, factor: float) -> bool:
         if self.initial_particles is not None:  # the user's points: theirs to move
-            return None
+            return False
         particles = self.approx.shared_particles.get_value()
         centre = particles.mean(axis=0)
         narrowed = centre + np.asarray(factor, dtype=particles.dtype) * (particles - centre)
         self.approx.shared_particles.set_value(narrowed)
-        self.resolved = replace(self.resolved, init_scale=self.resolved.init_scale * factor)
-        return f"init_scale {self.resolved.init_scale:.3g}"
+        return True
 
     def _fitted_settings(self) -> dict:
         explicit = self.initial_particles is not None
