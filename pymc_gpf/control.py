@@ -63,10 +63,17 @@ NEAR = 1.0
 Z_ONE_SIDED_005 = 3.29
 # the largest lag-one autocorrelation the error estimate believes (a correlation time of 399)
 MAX_LAG_ONE = 0.995
+# the correlation times an average must span before its error is believed: over fewer, the
+# iterates' variance and lag-one autocorrelation are too rough (GF's averages on a latent GP,
+# six seeds, tol 0.03: 0.014-0.065 sds from the optimum over 5 of them with Z_BIAS 3,
+# 0.014-0.044 with Z_BIAS 1; 0.003-0.032 over 10 with Z_BIAS 1, at 1.9 times the gradients)
+SPAN = 10
 # a window's mean that moved by less than this fraction of tol is at rest: a drift of that
 # size per window would take a thousand windows to reach tol
 AT_REST = 1e-3
-Z_BIAS = 3.0  # two averages agree when within tol plus this many sds of their difference
+# two averages agree when within tol plus this many sds of their difference: the average at
+# the smaller step keeps about that difference as bias, so a wide margin keeps a wide bias
+Z_BIAS = 1.0
 # while averaging, the average restarts only on a drop significant at 0.05 %: it is tested
 # after every window, and a 5 % test would restart a long average by chance
 _ARRAY = "__ndarray__"  # the key marking an array in a saved state
@@ -300,11 +307,11 @@ class Stochastic(Control):
     most ``max_average_rate`` and the iterates' step-to-step spread is below ``max_spread``
     of q's sds. *Averaging*: the step stays fixed and every iterate enters a running average
     (:class:`_Average`); its Monte Carlo error is the iterates' pooled variance times their
-    correlation time over their number (after at least four windows and five correlation
+    correlation time over their number (after at least four windows and ``span`` correlation
     times): per coordinate the larger of what the step implies, ``(2 - rate) / rate``, and
     the one measured from the iterates' lag-one autocorrelation (``measured``). Once that
     error is below ``tol`` the average is compared with the one at twice the step: the fit ends
-    when they agree (every coordinate within ``tol`` plus three sds of their difference),
+    when they agree (every coordinate within ``tol`` plus ``margin`` sds of their difference),
     else the step halves and the fit averages afresh. A trace that starts falling again
     restarts the average. A window (at a step of at most ``max_average_rate``) whose
     iterates all lie within about ``tol`` of their average ends the fit at once, on that
@@ -325,8 +332,8 @@ class Stochastic(Control):
     saved = (
         "_average", "_coarse", "_last_iterate", "_locations", "_scale", "_values",
         "_window_means", "_window_sums", "averaging", "max_average_rate",
-        "max_rejections", "max_spread", "measured", "min_rate", "min_window", "min_windows",
-        "previous", "rate", "rejections",
+        "margin", "max_rejections", "max_spread", "measured", "min_rate", "min_window",
+        "min_windows", "previous", "rate", "rejections", "span",
     )  # fmt: skip
     hooks = ("_location", "_params", "_set_params", "_set_rate")
 
@@ -348,9 +355,11 @@ class Stochastic(Control):
         min_windows: int = 4,
         max_rejections: int = 30,
         measured: bool = True,
+        span: float = SPAN,
+        margin: float = Z_BIAS,
     ):
         super().__init__(tol)
-        self.measured = measured
+        self.measured, self.span, self.margin = measured, span, margin
         self._location, self._params = location, params
         self._set_params, self._set_rate = set_params, set_rate
         self.rate, self.min_window, self.min_rate = rate, min_window, min_rate
@@ -475,7 +484,7 @@ class Stochastic(Control):
         coarse, self._coarse = self._coarse, [location, errors]
         if coarse is not None:
             gap = np.abs(location - coarse[0]) / self._scale
-            if np.all(gap <= self.tol + Z_BIAS * np.hypot(errors, coarse[1])):
+            if np.all(gap <= self.tol + self.margin * np.hypot(errors, coarse[1])):
                 return self._stop(self._average.sums, self._average.count, "converged")
         if self.rate / 2 < self.min_rate:
             return self._stop(self._average.sums, self._average.count, "floor")
@@ -491,7 +500,9 @@ class Stochastic(Control):
         return reason
 
     def _average_error(self) -> float:
-        return self._average.error(self.correlation_time, self._scale, self.tol, self.measured)
+        return self._average.error(
+            self.correlation_time, self._scale, self.tol, self.measured, self.span
+        )
 
     def progress(self) -> str:
         if self.tol is None:
@@ -602,18 +613,23 @@ class _Average(Saved):
         return np.sqrt(self._variances() * taus / self.located) / scale
 
     def error(
-        self, correlation_time: float, scale: np.ndarray, tol: float, measured: bool = True
+        self,
+        correlation_time: float,
+        scale: np.ndarray,
+        tol: float,
+        measured: bool = True,
+        span: float = SPAN,
     ) -> float:
-        """The largest of :meth:`errors`; ``inf`` until the period spans five correlation
-        times of the step, and five of each coordinate's own unless even the longest
-        correlation time believed (``MAX_LAG_ONE``) would keep its error below ``tol``
+        """The largest of :meth:`errors`; ``inf`` until the period spans ``span``
+        correlation times of the step, and ``span`` of each coordinate's own unless even the
+        longest correlation time believed (``MAX_LAG_ONE``) would keep its error below ``tol``
         (a pooled variance over fewer correlation times is too small)."""
         n = self.located
-        if n < max(2.0, 5 * correlation_time):
+        if n < max(2.0, span * correlation_time):
             return float("inf")
         taus, variances = self.correlation_times(correlation_time, measured), self._variances()
         longest = (1.0 + MAX_LAG_ONE) / (1.0 - MAX_LAG_ONE)
-        if np.any((n < 5 * taus) & (np.sqrt(variances * longest / n) / scale >= tol)):
+        if np.any((n < span * taus) & (np.sqrt(variances * longest / n) / scale >= tol)):
             return float("inf")
         return float(np.max(np.sqrt(variances * taus / n) / scale))
 
@@ -649,8 +665,8 @@ def _stochastic_message(control: Stochastic, reason: str) -> str | None:
         if not math.isfinite(error):
             return (
                 f"reached the maximum number of steps while averaging, over "
-                f"{control._average.located} steps, too few for five correlation times of "
-                "its slowest coordinates (their Monte Carlo error cannot be estimated yet)"
+                f"{control._average.located} steps, too few for {control.span:g} correlation "
+                "times of its slowest coordinates (their Monte Carlo error cannot be estimated yet)"
             )
         return (
             f"reached the maximum number of steps while averaging (Monte Carlo error of "

@@ -23,7 +23,7 @@ from pymc.variational.inference import Inference, State
 from pytensor.compile.sharedvalue import SharedVariable
 
 from pymc_gpf.checks import is_integer, positive, seed_sequence
-from pymc_gpf.control import Control, FixedSteps, Stochastic
+from pymc_gpf.control import SPAN, Z_BIAS, Control, FixedSteps, Stochastic
 from pymc_gpf.errors import FitWarning
 from pymc_gpf.failure import FailedStep, explain_failure
 from pymc_gpf.hyper import HyperSearch, compile_hyper_moments, flat_values, set_flat_values
@@ -100,6 +100,9 @@ class FlowInference(Inference):
     start_points: ClassVar[str] = "particles"  # what the first step evaluates
     # the free energy recorded is the particles' own (GPF: a quadrature finite N can bias low)
     particle_free_energy: ClassVar[bool] = False
+    # the stochastic schedule's correlation times per average and agreement margin (in sds)
+    average_span: ClassVar[float] = SPAN
+    agreement_margin: ClassVar[float] = Z_BIAS
 
     @property
     def measured_correlation(self) -> bool:
@@ -528,6 +531,8 @@ def stochastic_control(inference: FlowInference, tol: float) -> Stochastic:
         ],
         set_rate=inference.set_step_size,
         measured=inference.measured_correlation,
+        span=inference.average_span,
+        margin=inference.agreement_margin,
     )
 
 

@@ -299,7 +299,7 @@ def test_a_fit_that_ran_out_of_steps_before_its_error_was_known_says_why():
         control._average.add_window(window)
     assert control._average_error() == np.inf
     message = control.describe("max_steps")
-    assert "over 200 steps, too few for five correlation times" in message
+    assert "over 200 steps, too few for 10 correlation times" in message
     assert "inf" not in message
 
 
