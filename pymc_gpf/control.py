@@ -71,6 +71,10 @@ SPAN = 10
 # a window's mean that moved by less than this fraction of tol is at rest: a drift of that
 # size per window would take a thousand windows to reach tol
 AT_REST = 1e-3
+# a window's mean moved when some coordinate moved by more than this many sds of its noise
+# (the windows' iterates' variance times the step's correlation time over their number):
+# two moves in a row within it are the windows' own noise, not a drift to extrapolate
+Z_MOVE = 3.0
 # two averages agree when within tol plus this many sds of their difference: the average at
 # the smaller step keeps about that difference as bias, so a wide margin keeps a wide bias
 Z_BIAS = 1.0
@@ -374,7 +378,8 @@ class Stochastic(Control):
         self._average = _Average()
         # the settled average at twice the step: q's location and its Monte Carlo errors
         self._coarse: list[np.ndarray] | None = None
-        self._window_means: list[np.ndarray] = []  # q's mean location in the last windows
+        # q's mean location in the last windows and its noise, (2, ...) each
+        self._window_means: list[np.ndarray] = []
         self._clear_window()
         self._set_rate(self.rate)
 
@@ -421,7 +426,9 @@ class Stochastic(Control):
         z = Z_ONE_SIDED_005 if self.averaging else Z_ONE_SIDED_5
         falling = previous is None or previous[0] - stats[0] > z * math.sqrt(previous[1] + stats[1])
         locations = np.asarray(self._locations)
-        drifting = self._drifting(locations.mean(axis=0))
+        sds = np.std(locations, axis=0, ddof=1)
+        noise = sds * math.sqrt(self.correlation_time / len(locations))  # the mean's sd
+        drifting = self._drifting(locations.mean(axis=0), noise)
         if self.averaging:
             if falling:  # not stationary after all: average afresh from here, and
                 # compare with no average of an earlier q
@@ -431,7 +438,7 @@ class Stochastic(Control):
                 if self._average.windows >= self.min_windows and self._average_error() < self.tol:
                     return self._settled()
         elif not falling:
-            spread = float(np.max(np.std(locations, axis=0, ddof=1) / self._scale))
+            spread = float(np.max(sds / self._scale))
             small_step = self.rate <= self.max_average_rate
             quiet = small_step and spread < self.tol
             if quiet and drifting is False:
@@ -452,27 +459,34 @@ class Stochastic(Control):
         self._clear_window()
         return None
 
-    def _drifting(self, mean: np.ndarray) -> bool | None:
+    def _drifting(self, mean: np.ndarray, noise: np.ndarray | None = None) -> bool | None:
         """Whether the windows' mean locations are still on the move: the last window's
         moved ``d1`` (in q's sds) from the one before, which had moved ``d0``; a drift
         contracting by ``r = d1 / d0`` per window has ``d1 r / (1 - r)`` left to go. On the
         move unless both ``d1`` and that are below ``tol`` (or ``d1`` is below
-        ``AT_REST * tol``: at rest); ``None``, not known yet, after one window and after two
-        whose means differ by less than ``tol`` but more than at rest. A slow drift passes the
-        spread test: WVGD's two particles on N(0, 1) ended 0.07 sds from the Lloyd-Max points
-        when the last window's iterates spread by 0.027 sds while its mean had moved by
-        0.058. Only windows at the current step size count (:meth:`_new_rate` clears them)."""
-        history, self._window_means = self._window_means, [*self._window_means[-1:], mean]
+        ``AT_REST * tol``: at rest, or neither move exceeded ``Z_MOVE`` sds of the windows'
+        own noise in any coordinate, ``noise`` the sd of each window's mean: the ratio of two
+        such moves is noise's); ``None``, not known yet, after one window and after two
+        whose means differ by less than ``tol`` but more than at rest. A slow drift passes
+        the spread test: WVGD's two particles on N(0, 1) ended 0.07 sds from the Lloyd-Max
+        points when the last window's iterates spread by 0.027 sds while its mean had moved
+        by 0.058. Only windows at the current step size count (:meth:`_new_rate` clears
+        them)."""
+        noise = np.zeros_like(mean) if noise is None else noise
+        history = self._window_means
+        self._window_means = [*history[-1:], np.stack([mean, noise])]
         if not history:
             return None
-        d1 = float(np.max(np.abs(mean - history[-1]) / self._scale))
+        d1 = float(np.max(np.abs(mean - history[-1][0]) / self._scale))
         if d1 <= AT_REST * self.tol:  # round-off (GF on a Gaussian target moves by 1e-13)
             return False
         if d1 >= self.tol:
             return True
         if len(history) < 2:
             return None
-        d0 = float(np.max(np.abs(history[-1] - history[-2]) / self._scale))
+        if not (_moved(self._window_means[-1], history[-1]) or _moved(*history)):
+            return False
+        d0 = float(np.max(np.abs(history[-1][0] - history[-2][0]) / self._scale))
         r = d1 / d0 if d0 > 0 else math.inf
         return r >= 1 or d1 * r / (1 - r) >= self.tol
 
@@ -673,6 +687,13 @@ def _stochastic_message(control: Stochastic, reason: str) -> str | None:
             f"the average {error:.2g} sds, tol {control.tol:g})"
         )
     return None
+
+
+def _moved(window: np.ndarray, before: np.ndarray) -> bool:
+    """Whether the mean of ``window`` (a ``(2, ...)`` stack: the mean, the sd of the mean)
+    moved from that of ``before`` by more than ``Z_MOVE`` sds of their difference in some
+    coordinate."""
+    return bool(np.any(np.abs(window[0] - before[0]) > Z_MOVE * np.hypot(window[1], before[1])))
 
 
 def _to_json(value: Any) -> Any:

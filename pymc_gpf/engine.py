@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -57,6 +58,7 @@ END_STREAM = 4  # a method's draws at the end of a fit (WVGD's cell weights on m
 CHECK_STREAM = 5  # the verdict's draws, per step count
 HYPER_STREAM = 6  # the hyperparameters' draws of q, per step
 FRESH_STREAM = 7  # GPF's continuation with fresh draws (pymc_gpf.gpf.fresh)
+VIEW_STREAM = 9  # GPF's particles showing that continuation's q to callbacks
 WHITEN_STREAM = 8  # WVGD's Gaussian fit whose coordinates it runs in
 # a first step whose points reach where log p is not finite, around a finite centre, is
 # retried from a start this many times narrower, at most MAX_NARROWINGS times
@@ -161,6 +163,15 @@ class FlowInference(Inference):
 
     def load_checkpoint_extra(self, extra: dict[str, Any]) -> None:
         """Restore :meth:`checkpoint_extra`."""
+
+    @property
+    def continuation(self) -> FlowInference | None:
+        """The inner fit that a ``refine`` of this one continues (GPF's with fresh draws),
+        saved with it; ``None``: refine continues this fit's own steps."""
+        return None
+
+    def load_continuation(self, inner: FlowInference) -> None:
+        """Restore :attr:`continuation` (a loaded inner fit)."""
 
     def _finish(self, reason: str) -> None:
         """The fit is over for now (any reason but a divergence): last touches."""
@@ -430,9 +441,14 @@ class FlowInference(Inference):
         self.control.resume()
         start = self.state.i
         done = 0
+        self.run_trace: list[float] = []  # this run's free energies so far, as callbacks see
+        # the last step the callbacks saw: a continuation inside a step (GPF's GF) shows
+        # them its own steps, after which the step it continued is not shown again
+        self.callbacks_saw = start
 
         def observe(free_energy: float, info: dict[str, float]) -> tuple[float, str | None]:
             nonlocal done
+            self.run_trace.append(free_energy)
             size = info.get("step_size", float(self._learning_rates.get_value()[0]))
             self.record.count(info["gradient_evaluations"], info["density_evaluations"])
             stop = self.control.observe(free_energy, info)
@@ -459,7 +475,7 @@ class FlowInference(Inference):
                 observe=observe,
                 describe=describe,
                 finish=lambda result: self._record_run(result, n),
-                callbacks=self.state.callbacks,
+                callbacks=[self._unseen(self.state.callbacks)] if self.state.callbacks else [],
                 approx=self.approx,
                 progressbar=progressbar,
                 theme=progressbar_theme,
@@ -488,6 +504,17 @@ class FlowInference(Inference):
             raise explain_failure(failed, self.target, self.approx)
         if n:
             self._give_verdict(result.reason)
+
+    def _unseen(self, callbacks: list[Callable]) -> Callable:
+        """``callbacks`` in turn, on the steps they have not seen yet."""
+
+        def call(approx, hist: np.ndarray, i: int) -> None:
+            if i > self.callbacks_saw:
+                self.callbacks_saw = i
+                for callback in callbacks:
+                    callback(approx, hist, i)
+
+        return call
 
     def _record_run(self, result: LoopResult, n: int) -> None:
         """The run is over, whatever ended it: its steps and how it ended go on record."""

@@ -31,13 +31,16 @@ from pymc_gpf.datatree import build_datatree
 from pymc_gpf.engine import FlowInference
 from pymc_gpf.errors import CheckpointError
 from pymc_gpf.optimizers import OPTIMIZERS, Optimizer
-from pymc_gpf.options import FitOptions, parse_fit_options
+from pymc_gpf.options import CHECK_DRAWS, FitOptions, parse_fit_options
 from pymc_gpf.protocols import FittedApproximation
 from pymc_gpf.registry import METHODS
 
 __all__ = ["load", "save", "to_datatree"]
 
 GROUP = "checkpoint"
+# a child of the checkpoint: the inner fit a refine continues (GPF's GF with fresh draws),
+# a checkpoint of its own with its free-energy trace, its dimensions prefixed
+CONTINUATION = "continuation"
 FORMAT = 3  # 2: optimiser and controller state named from their fields; 3: a checksum
 NETCDF = {"engine": "h5netcdf"}
 ZARR = {"consolidated": False}  # consolidated metadata is not part of zarr format 3
@@ -73,6 +76,7 @@ def _checkpoint(inference: FlowInference) -> xr.Dataset:
         "backend": options.backend,
         "compile_kwargs": options.compile_kwargs,
         "include_transformed": options.include_transformed,
+        "check_draws": options.check_draws,
     }
     seed = inference.random_seed
     arrays = {
@@ -138,6 +142,11 @@ def to_datatree(approx: FittedApproximation, draws: int = 0, random_seed=None) -
             method_group=approx.method_group(),
         )
     tree[GROUP] = xr.DataTree(checkpoint)
+    inner = approx.inference.continuation
+    if inner is not None:
+        nested = _checkpoint(inner).assign(free_energy=("step", np.asarray(inner.hist)))
+        nested = nested.rename_dims({dim: f"{CONTINUATION}_{dim}" for dim in nested.dims})
+        tree[GROUP][CONTINUATION] = xr.DataTree(nested)
     return tree
 
 
@@ -182,6 +191,24 @@ def _read(source: str | Path | xr.DataTree) -> tuple[xr.DataTree, xr.Dataset]:
             "checkpoint (save fits with approx.save(path); approx.sample() keeps draws only)."
         )
     checkpoint = tree[GROUP].to_dataset()
+    try:
+        hist = tree["fit"]["free_energy"].values
+    except Exception as err:
+        raise _truncated(where, err) from err
+    _verify(checkpoint, hist, where)
+    return tree, checkpoint
+
+
+def _truncated(where: str, err: Exception) -> CheckpointError:
+    return CheckpointError(
+        f"{where} is a truncated or corrupted pymc-gpf checkpoint ({type(err).__name__}: "
+        f"{err}); nothing was loaded. Fit again, or load an intact copy."
+    )
+
+
+def _verify(checkpoint: xr.Dataset, hist: np.ndarray, where: str) -> None:
+    """:class:`CheckpointError` unless ``checkpoint`` has this version's format and its
+    checksum matches it and the trace ``hist``."""
     saved = checkpoint.attrs.get("format")
     if saved is None or str(saved) != str(FORMAT):
         raise CheckpointError(
@@ -189,20 +216,15 @@ def _read(source: str | Path | xr.DataTree) -> tuple[xr.DataTree, xr.Dataset]:
             f"{FORMAT}. Load it with the version that saved it, or fit again."
         )
     try:
-        hist = tree["fit"]["free_energy"].values
         matches = checkpoint.attrs.get("checksum") == _checksum(checkpoint, hist)
     except Exception as err:
-        raise CheckpointError(
-            f"{where} is a truncated or corrupted pymc-gpf checkpoint ({type(err).__name__}: "
-            f"{err}); nothing was loaded. Fit again, or load an intact copy."
-        ) from err
+        raise _truncated(where, err) from err
     if not matches:
         raise CheckpointError(
             f"{where} is a corrupted pymc-gpf checkpoint: its checksum does not match its "
             "contents, so its state cannot be trusted; nothing was loaded. Fit again, or load "
             "an intact copy."
         )
-    return tree, checkpoint
 
 
 def _open(source: str | Path | xr.DataTree) -> xr.DataTree:
@@ -247,6 +269,7 @@ def _fit_options(inference: FlowInference, attrs: dict) -> FitOptions:
         backend=fit["backend"],
         compile_kwargs=fit["compile_kwargs"],
         include_transformed=fit["include_transformed"],
+        check_draws=fit.get("check_draws", CHECK_DRAWS),
     )
 
 
@@ -260,8 +283,23 @@ def load(
     names, as the fit had left them. ``devices`` (as the methods' option; a fit does not
     save the machine's devices) splits the particles across JAX devices from here on."""
     tree, checkpoint = _read(source)
-    attrs = checkpoint.attrs
     model = pm.modelcontext(model)
+    inference = _rebuild(checkpoint, tree["fit"]["free_energy"].values, model, devices)
+    if CONTINUATION in tree[GROUP].children:
+        nested = tree[GROUP][CONTINUATION].to_dataset()
+        prefix = f"{CONTINUATION}_"
+        nested = nested.rename_dims({dim: dim.removeprefix(prefix) for dim in nested.dims})
+        hist = nested["free_energy"].values
+        nested = nested.drop_vars("free_energy")
+        _verify(nested, hist, "The continuation in this checkpoint")
+        inference.load_continuation(_rebuild(nested, hist, model, devices))
+    return inference.approx
+
+
+def _rebuild(checkpoint: xr.Dataset, hist: np.ndarray, model: pm.Model, devices) -> FlowInference:
+    """The inference a verified ``checkpoint`` (with its free-energy trace ``hist``) saved,
+    on ``model``, in the state it was saved in."""
+    attrs = checkpoint.attrs
     options = json.loads(attrs["options"]) | ({"devices": devices} if devices else {})
     inference = METHODS[attrs["method"]].from_options(model, options)
     labels = json.loads(attrs["flat_coordinates"])
@@ -290,10 +328,10 @@ def load(
     rng.bit_generator.state = json.loads(attrs["noise_rng"])
     entropy, key = json.loads(attrs["check_root"])
     inference.restore(
-        record.FitRecord.load(tree["fit"]["free_energy"].values, checkpoint),
+        record.FitRecord.load(hist, checkpoint),
         int(attrs["step"]),
         json.loads(attrs["random_seed"]),
         (entropy, tuple(key)),
         rng,
     )
-    return inference.approx
+    return inference

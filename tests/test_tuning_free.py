@@ -336,6 +336,39 @@ def test_quiet_windows_whose_means_still_move_do_not_end_a_fit():
     assert drifting([5e-14, 1.6e-8]) is False  # round-off: at rest, whatever its ratio
 
 
+def test_window_means_moving_within_their_noise_are_not_a_drift():
+    """Two moves in a row within Z_MOVE (3) sds of the windows' own noise are that noise,
+    whatever their ratio: GF on arK moved 0.0006 then 0.0018 sds (r = 3) and averaged on
+    for 2.8 times the steps of a fit that had converged. A move beyond it is extrapolated
+    as before: the eigen-gap drift above, 0.04 sds a window, with windows' means noisy by
+    0.007 sds."""
+    run = _Iterate(noise=0.0)
+
+    def drifting(moves, noise):
+        control = run.control(tol=0.05)
+        means = np.cumsum([0.0, *moves])
+        return [control._drifting(np.array([m]), np.array([noise])) for m in means][-1]
+
+    assert drifting([0.0006, 0.0018], 0.001) is False
+    assert drifting([0.0006, 0.0018], 0.0) is True  # no noise: r = 3, not contracting
+    assert drifting([0.0006, 0.0018], 0.0004) is True  # 0.0018 > 3 hypot(0.0004, 0.0004)
+    assert drifting([0.0417, 0.04], 0.007) is True
+    assert drifting([0.0417, 0.002], 0.007) is False  # contracted: 0.0001 to go
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_quiet_fit_stops_on_its_window_average(seed):
+    """Iterates whose spread is well below tol (an AR(1) with gradient noise 0.01 sds:
+    spread 0.006 at rate 1/2) stop on a window's average at rate 1/2, without averaging
+    over ten correlation times, and that average is within a quarter of tol of the fixed
+    point (its own sd is 0.002)."""
+    run = _Iterate(noise=0.01, seed=seed)
+    control = run.control(tol=0.05)
+    stops = [control.observe(run.step(), {"accepted": True}) for _ in range(400)]
+    assert "converged" in stops and not control.averaging and control.rate == 0.5
+    assert abs(run.averaged - run.target) < 0.05 / 4
+
+
 def test_a_drift_measured_at_another_step_size_does_not_end_a_fit():
     """GF on the random walks: the windows' means of a scale moved -0.155 -> -0.069 sds at
     rate 1, then -0.045 in the first window at rate 1/2. Read as one contraction (r = 0.28,
@@ -460,6 +493,42 @@ def test_gpf_reaches_the_gaussian_optimum_of_a_skewed_target(seed):
             approx.inference.refine(300)
         assert approx.outcome.converged and len(approx.hist) > steps
         assert [s.get("fresh_draws") for s in approx.inference.stages][-1] == "fresh_cloud"
+
+
+def test_gpf_continuation_shows_callbacks_its_steps_and_is_saved(tmp_path):
+    """GPF's continuation with GF's flow (log Gamma(1/2), as above): the fit's callbacks see
+    its steps as the particles' (in order, with the whole trace, this approximation showing
+    GF's q) and change no result; a saved fit holds the continuation, so its refine goes
+    on with GF's flow (schedule, average, random stream) exactly as the fit in memory."""
+    seen = []
+
+    def spy(approx, hist, i):
+        seen.append((i, np.array(hist), float(approx.particles.mean())))
+
+    def fit(**keywords):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pymc_gpf.FitWarning)  # family-limited
+            return pm.fit(method="gpf", model=log_gamma(0.5), random_seed=1,
+                          progressbar=False, **keywords)  # fmt: skip
+
+    approx, plain = fit(callbacks=[spy]), fit()
+    assert "fresh_draws" in approx.inference.stages[-1]
+    np.testing.assert_array_equal(approx.hist, plain.hist)
+    np.testing.assert_array_equal(approx.particles, plain.particles)
+    assert [i for i, *_ in seen] == list(range(1, len(approx.hist) + 1))
+    np.testing.assert_array_equal(seen[-1][1], approx.hist)
+    assert seen[-1][2] == pytest.approx(approx.gaussian().mean[0], rel=1e-9)
+
+    loaded = pymc_gpf.load(approx.save(tmp_path / "fit.nc"), model=log_gamma(0.5))
+    assert loaded.inference.continuation is not None
+    for fitted in (approx, loaded):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pymc_gpf.FitWarning)
+            fitted.inference.refine(300)
+    assert len(approx.hist) > len(plain.hist)
+    np.testing.assert_array_equal(loaded.hist, approx.hist)
+    np.testing.assert_array_equal(loaded.gaussian().mean, approx.gaussian().mean)
+    assert loaded.outcome.reason == approx.outcome.reason
 
 
 # ---------------------------------------------------------------------- minibatches

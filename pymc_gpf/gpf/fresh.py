@@ -37,15 +37,16 @@ def _square_factors(q: GaussianQ) -> list[np.ndarray]:
 
 
 def fresh_draws_fit(
-    q: GaussianQ, inference, options: FitOptions, steps: int, seed: int
+    q: GaussianQ, inference, options: FitOptions, steps: int, seed: int, callbacks=()
 ) -> GF | None:
     """GF from ``q`` for at most ``steps`` steps (the fit keywords ``options``, no verdict of
-    its own); ``None`` where GF's factors cannot hold q (a rank GF would not choose)."""
+    its own, ``callbacks`` on its steps); ``None`` where GF's factors cannot hold q (a rank
+    GF would not choose)."""
     gf = GF(structure=inference.config.structure, model=inference.model, random_seed=seed)
     start = [q.mean, *_square_factors(q)]
     if [p.get_value().shape for p in gf.approx.params] != [a.shape for a in start]:
         return None
     for shared, value in zip(gf.approx.params, start, strict=True):
         shared.set_value(value.astype(shared.dtype))
-    fit_inside(gf, steps, options, check_draws=0)
+    fit_inside(gf, steps, options, check_draws=0, callbacks=list(callbacks))
     return gf

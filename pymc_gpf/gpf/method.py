@@ -17,8 +17,9 @@ import xarray as xr
 
 from pymc_gpf.approximation import GaussianApproximation, ParticlesMixin
 from pymc_gpf.checks import check_particles, renamed
+from pymc_gpf.clouds import antithetic_cloud
 from pymc_gpf.control import Control, Deterministic
-from pymc_gpf.engine import FRESH_STREAM, FlowInference
+from pymc_gpf.engine import FRESH_STREAM, VIEW_STREAM, FlowInference
 from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gpf import flow, held
@@ -179,7 +180,7 @@ class GPF(FlowInference):
         self.structure = parse_structure(config.structure, target)
         self._stages = ParticleStages()
         self._fresh = None  # GF's fit that continued this run (fresh.py), its trace to record
-        self._gf = None  # and the one that continues any refine (in memory: not saved)
+        self._gf = None  # and the one that continues any refine (saved as its continuation)
         self.resolved = config
         if self.initial_particles is not None:
             particles = check_particles(self.initial_particles, target.dtype, target.labels, "N", 2)
@@ -229,6 +230,11 @@ class GPF(FlowInference):
 
     def load_checkpoint_extra(self, extra: dict) -> None:
         self._stages = ParticleStages.load(extra, self._method_rng)
+
+    continuation = property(lambda self: self._gf)
+
+    def load_continuation(self, inner) -> None:
+        self._gf = inner
 
     def _control(self, options: FitOptions) -> Control:
         if options.auto and self._line_search:
@@ -306,7 +312,9 @@ class GPF(FlowInference):
         if not self._may_continue or steps < 1:
             return ending
         seed = int(self.stream(FRESH_STREAM).generate_state(1)[0])
-        gf = fresh_draws_fit(self.approx.gaussian(), self, self.fit_options, steps, seed)
+        q = self.approx.gaussian()
+        callbacks = self._callbacks_on_gf(np.asarray(self.run_trace), step_count, 0)
+        gf = fresh_draws_fit(q, self, self.fit_options, steps, seed, callbacks)
         if gf is None:
             return ending
         self.record.count(gf.gradient_evaluations, gf.density_evaluations)
@@ -319,6 +327,40 @@ class GPF(FlowInference):
         self._adopt(gf)
         self._fresh = self._gf = gf
         return gf.outcome.reason
+
+    def _callbacks_on_gf(self, trace: np.ndarray, step: int, gf_step: int) -> list:
+        """The fit's callbacks ``cb(approx, hist, i)`` on the steps of GF's continuation,
+        as on the particles' (from this fit's step ``step``, GF's ``gf_step``): with this
+        approximation, its particles showing GF's q (a cloud with its mean and covariance,
+        drawn once from a stream of its own, so that callbacks change no result), this
+        run's trace ``trace`` followed by GF's, and the fit's step count. The step the
+        continuation began at is shown first, as the particles left it."""
+        if not self.state.callbacks:
+            return []
+        n, base = len(self.approx.particles), []
+
+        def show(gf) -> None:
+            if not base:
+                rng = np.random.default_rng(self.stream(VIEW_STREAM))
+                base.append(antithetic_cloud(n, gf.approx.factor.shape[1], rng))
+            cloud = gf.approx.mean.get_value() + base[0] @ gf.approx.factor.T
+            self.approx.shared_particles.set_value(cloud.astype(self.target.dtype))
+
+        def through(callback):
+            def call(approx, hist, i):
+                if step > self.callbacks_saw:  # the particles' last step, not yet shown
+                    callback(self.approx, trace, step)
+                show(approx.inference)
+                callback(self.approx, np.concatenate([trace, hist]), step + i - gf_step)
+
+            return call
+
+        callbacks = [through(callback) for callback in self.state.callbacks]
+
+        def saw(approx, hist, i) -> None:
+            self.callbacks_saw = step + i - gf_step
+
+        return [*callbacks, saw]
 
     def _adopt(self, gf) -> None:
         """The particles represent GF's q exactly (same mean and covariance)."""
@@ -341,6 +383,9 @@ class GPF(FlowInference):
         # the fit went on with GF's flow: refine continues that (its schedule, its average)
         gf = self._gf
         done, grads, densities = len(gf.hist), gf.gradient_evaluations, gf.density_evaluations
+        self.callbacks_saw = self.state.i
+        callbacks = self._callbacks_on_gf(np.empty(0), self.state.i, done)
+        gf.state = gf.state._replace(callbacks=callbacks)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FitWarning)  # the verdict below says it once
             gf.refine(n, progressbar=progressbar)
