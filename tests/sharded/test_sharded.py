@@ -32,9 +32,11 @@ CASES = [(method, {}) for method in names()]
 
 
 def _fit(data, method, options, devices, n=None, callbacks=()):
+    # the fit's numbers are compared, not its verdict: no importance check (check_draws=0)
     with regression(*data):
         return pm.fit(n, method=method, random_seed=3, progressbar=False, backend="jax",
-                      inf_kwargs=options | {"devices": devices}, callbacks=callbacks)  # fmt: skip
+                      inf_kwargs=options | {"devices": devices}, callbacks=callbacks,
+                      check_draws=0)  # fmt: skip
 
 
 def _devices_holding_particles(approx, hist, i, seen: list) -> None:
@@ -48,7 +50,9 @@ def _devices_holding_particles(approx, hist, i, seen: list) -> None:
 @pytest.mark.filterwarnings("ignore:ENSEMBLE did not converge")
 @pytest.mark.parametrize(("method", "options"), CASES, ids=[c[0] for c in CASES])
 def test_a_sharded_fit_equals_the_unsharded_one(regression_data, method, options):
-    n = 300 if method == "ensemble" else None  # the ensemble's burn-in and first draws
+    # the ensemble's burn-in and first draws; WVGD's first 100 steps (its schedule halves
+    # the step in them; at its defaults it takes 30 s more here)
+    n = {"ensemble": 300, "wvgd": 100}.get(method)
     seen: list[int] = []
     # GF's state is a mean and a factor (its draws are split): nothing to look at
     watch = [] if method == "gf" else [partial(_devices_holding_particles, seen=seen)]
