@@ -286,12 +286,16 @@ def load(
     model = pm.modelcontext(model)
     inference = _rebuild(checkpoint, tree["fit"]["free_energy"].values, model, devices)
     if CONTINUATION in tree[GROUP].children:
+        where = "The continuation in this checkpoint"
         nested = tree[GROUP][CONTINUATION].to_dataset()
         prefix = f"{CONTINUATION}_"
-        nested = nested.rename_dims({dim: dim.removeprefix(prefix) for dim in nested.dims})
-        hist = nested["free_energy"].values
+        try:
+            nested = nested.rename_dims({dim: dim.removeprefix(prefix) for dim in nested.dims})
+            hist = nested["free_energy"].values
+        except Exception as err:  # a damaged group: the same error as a damaged checkpoint
+            raise _truncated(where, err) from err
         nested = nested.drop_vars("free_energy")
-        _verify(nested, hist, "The continuation in this checkpoint")
+        _verify(nested, hist, where)
         inference.load_continuation(_rebuild(nested, hist, model, devices))
     return inference.approx
 
