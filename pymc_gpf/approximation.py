@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import numpy as np
+import pytensor
 import xarray as xr
 
 from arviz_base import dict_to_dataset
@@ -33,7 +34,7 @@ LOGP_TERMS, MIN_CHUNK, MAX_CHUNK = 2**22, 16, 4096
 # near-Gaussian posterior (pymc_gpf.verdict)
 PSIS_POOL = 16384
 
-__all__ = ["FlowApproximation", "GaussianApproximation", "ParticlesMixin"]
+__all__ = ["FlowApproximation", "GaussianApproximation", "ParticleCloud", "ParticlesMixin"]
 
 
 class FlowApproximation:
@@ -352,3 +353,16 @@ def points_dataset(
     )
     ds.attrs = settings_attrs(settings)
     return ds
+
+
+class ParticleCloud(ParticlesMixin, GaussianApproximation):
+    """Particles ``(N, D)`` whose q is the Gaussian of their mean and sds: the
+    approximation of a new method that moves a cloud (docs: "Adding a method")."""
+
+    def __init__(self, inference: FlowInference, particles: np.ndarray):
+        super().__init__(inference)
+        self.shared_particles = pytensor.shared(particles, name=f"{inference.name}_particles")
+
+    def gaussian(self) -> GaussianQ:
+        x = self.particles
+        return GaussianQ(x.mean(axis=0), (np.arange(x.shape[1]),), (x.std(axis=0),))

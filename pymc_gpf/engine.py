@@ -24,6 +24,7 @@ from pymc.variational.inference import Inference, State
 from pytensor.compile.sharedvalue import SharedVariable
 
 from pymc_gpf.checks import is_integer, positive, seed_sequence
+from pymc_gpf.config import MethodConfig
 from pymc_gpf.control import SPAN, Z_BIAS, Control, FixedSteps, Stochastic
 from pymc_gpf.errors import FitWarning
 from pymc_gpf.failure import FailedStep, explain_failure
@@ -105,6 +106,8 @@ class FlowInference(Inference):
     # the stochastic schedule's correlation times per average and agreement margin (in sds)
     average_span: ClassVar[float] = SPAN
     agreement_margin: ClassVar[float] = Z_BIAS
+    # a method without a constructor of its own: its keywords are this config's fields
+    Config: ClassVar[type[MethodConfig] | None] = None
 
     @property
     def measured_correlation(self) -> bool:
@@ -112,7 +115,11 @@ class FlowInference(Inference):
         (:meth:`pymc_gpf.control._Average.correlation_times`) or only takes the step's."""
         return True
 
-    def __init__(self, *, model=None, random_seed=None, start=None, devices=None):
+    def __init__(self, *, model=None, random_seed=None, start=None, devices=None, **options):
+        if self.Config is not None:
+            self.config = self.Config(**options)
+        elif options:
+            raise TypeError(f"{type(self).__name__} got unexpected keywords {sorted(options)}")
         self.target = BatchedTarget(model)
         self.target.row_sharding = row_sharding(devices)
         self.record = FitRecord()  # the trace, step sizes, outcome and cost of all fits

@@ -12,7 +12,7 @@ from pymc_gpf.errors import InitialPointError
 from pymc_gpf.options import INITS
 from pymc_gpf.target import BatchedTarget
 
-__all__ = ["check_start", "find_map", "initial_centre"]
+__all__ = ["check_start", "find_map", "initial_centre", "initial_cloud"]
 
 
 def check_start(target: BatchedTarget, centre: np.ndarray) -> None:
@@ -74,3 +74,19 @@ def find_map(target: BatchedTarget, centre: np.ndarray, start: dict | None, seed
             include_transformed=True,
         )
     return target.flatten(point)
+
+
+def initial_cloud(
+    target: BatchedTarget,
+    start: dict | None,
+    rng: np.random.Generator,
+    *,
+    n_particles: int,
+    init_scale: float,
+    init: str,
+) -> np.ndarray:
+    """``n_particles`` points ``(N, D)`` around :func:`initial_centre`: the centre plus
+    ``init_scale`` times standard normal noise, in the target's dtype."""
+    centre = initial_centre(target, start, init, rng)
+    noise = rng.standard_normal((n_particles, target.ndim))
+    return (centre + init_scale * noise).astype(target.dtype)

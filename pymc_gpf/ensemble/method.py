@@ -27,7 +27,7 @@ from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gf.method import GF, fit_inside
 from pymc_gpf.options import FitOptions
-from pymc_gpf.start import initial_centre
+from pymc_gpf.start import initial_cloud
 from pymc_gpf.stepgraph import StepGraph, dynamic_rows, share, standard_normal
 from pymc_gpf.verdict import FAMILY_LIMITED, NOT_CONVERGED, TRUSTWORTHY, Verdict
 
@@ -303,11 +303,11 @@ class Ensemble(FlowInference):
                 self._init_used = "gaussian"
                 return approx
             self._init_used = "initial_point"
-        centre = initial_centre(target, self._start, self._init_used, self._init_rng)
-        noise = self._init_rng.standard_normal((config.n_particles, target.ndim))
-        return EnsembleApproximation(
-            self, (centre + config.init_scale * noise).astype(target.dtype)
-        )
+        particles = initial_cloud(
+            target, self._start, self._init_rng, n_particles=config.n_particles,
+            init_scale=config.init_scale, init=self._init_used,
+        )  # fmt: skip
+        return EnsembleApproximation(self, particles)
 
     def _fits_a_gaussian_first(self) -> bool:
         """Whether the Langevin kinds run a Gaussian fit before their first step (for their
