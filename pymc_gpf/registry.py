@@ -8,6 +8,7 @@ every other method goes to PyMC unchanged, and :func:`unregister` restores the o
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import inspect
@@ -52,14 +53,17 @@ def _build(name: str, model, random_seed, start, start_sigma, inf_kwargs) -> Flo
     return METHODS[name](model=model, **options)
 
 
-def _check_keys(name: str, cls: type, options: dict) -> None:
+def _check_keys(name: str, cls: type[FlowInference], options: dict) -> None:
     """An unknown ``inf_kwargs`` key: name the valid ones and the closest."""
     params = inspect.signature(cls.__init__).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    names = {k for k, p in params.items() if p.kind is not p.VAR_KEYWORD}
+    if cls.Config is not None:  # the engine's constructor: the config's fields are its keywords
+        names |= {f.name for f in dataclasses.fields(cls.Config)}
+    elif len(names) < len(params):
         return
-    valid = sorted(k for k in params if k not in ("self", "model"))
+    valid = sorted(names - {"self", "model"})
     for key in options:
-        if key not in params:
+        if key not in names:
             close = difflib.get_close_matches(str(key), valid, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise TypeError(

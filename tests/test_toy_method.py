@@ -87,3 +87,6 @@ def test_a_toy_method_in_one_module_fits_samples_saves_and_continues(toy_registe
         approx.refine(5, progressbar=False)
         loaded.refine(5, progressbar=False)
     np.testing.assert_array_equal(loaded.hist, approx.hist)
+    with pm.Model(), pytest.raises(TypeError, match=r"'n_particle'\. Did you mean 'n_particles'"):
+        pm.Normal("x")
+        pm.fit(method="toy", inf_kwargs={"n_particle": 3})
