@@ -154,11 +154,14 @@ class Saved:
 
 
 class Control(Saved):
-    """Base controller: never stops by itself."""
+    """Base controller: never stops by itself. A controller that sets the step size holds
+    it in ``rate``, the one place it lives: the engine writes it into the compiled step
+    after every decision (``None``: the step size is not the controller's)."""
 
     saved = ("tol",)
 
     kind = "fixed"
+    rate: float | None = None
 
     def __init__(self, tol: float | None):
         self.tol = tol
@@ -304,8 +307,8 @@ class Stochastic(Control):
     """Noisy objectives: windowed plateau test, step halving, Polyak-Ruppert averaging.
 
     ``location()`` returns ``(location, scale)`` arrays of q now (e.g. its mean and sds);
-    ``params()`` the arrays to average; ``set_params(arrays)`` and ``set_rate(rate)``
-    act on the fit.
+    ``params()`` the arrays to average; ``set_params(arrays)`` replaces them (the average
+    the fit ends on); the step size is ``rate``.
 
     Two phases. *Adapting*: at each plateau of the trace the step is halved, until it is at
     most ``max_average_rate`` and the iterates' step-to-step spread is below ``max_spread``
@@ -339,7 +342,7 @@ class Stochastic(Control):
         "margin", "max_rejections", "max_spread", "measured", "min_rate", "min_window",
         "min_windows", "previous", "rate", "rejections", "span",
     )  # fmt: skip
-    hooks = ("_location", "_params", "_set_params", "_set_rate")
+    hooks = ("_location", "_params", "_set_params")
 
     kind = "stochastic"
 
@@ -350,7 +353,6 @@ class Stochastic(Control):
         location: Callable[[], tuple[np.ndarray, np.ndarray]],
         params: Callable[[], Sequence[np.ndarray]],
         set_params: Callable[[Sequence[np.ndarray]], None],
-        set_rate: Callable[[float], None],
         rate: float = 1.0,
         min_window: int = 20,
         min_rate: float = 1e-4,
@@ -365,7 +367,7 @@ class Stochastic(Control):
         super().__init__(tol)
         self.measured, self.span, self.margin = measured, span, margin
         self._location, self._params = location, params
-        self._set_params, self._set_rate = set_params, set_rate
+        self._set_params = set_params
         self.rate, self.min_window, self.min_rate = rate, min_window, min_rate
         self.max_spread, self.min_windows = max_spread, min_windows
         self.max_average_rate = max_average_rate
@@ -381,7 +383,6 @@ class Stochastic(Control):
         # q's mean location in the last windows and its noise, (2, ...) each
         self._window_means: list[np.ndarray] = []
         self._clear_window()
-        self._set_rate(self.rate)
 
     @property
     def window_length(self) -> int:
@@ -530,7 +531,6 @@ class Stochastic(Control):
 
     def _new_rate(self, rate: float) -> None:
         self.rate = rate
-        self._set_rate(rate)
         self._clear_window()
         # a drift measured at another step size says nothing of the drift at this one
         self._window_means = []
@@ -545,10 +545,6 @@ class Stochastic(Control):
         if self._last_iterate is not None:
             self._set_params(self._last_iterate)
             self._last_iterate = None
-
-    def load(self, state):
-        super().load(state)
-        self._set_rate(self.rate)
 
     def describe(self, reason):
         return _stochastic_message(self, reason) or super().describe(reason)

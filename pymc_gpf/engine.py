@@ -256,10 +256,12 @@ class FlowInference(Inference):
         entropy, root = self._check_root
         return np.random.SeedSequence(entropy, spawn_key=(*root, *key))
 
-    def set_step_size(self, rate: float) -> None:
-        """The step size of the next steps (both ``eta1`` and ``eta2``): a controller's."""
-        rates = self._learning_rates
-        rates.set_value(np.full(2, rate, dtype=rates.dtype))
+    def _write_rate(self) -> None:
+        """The controller's step size (if it sets one) into the compiled step, as both
+        ``eta1`` and ``eta2``: after every decision of the controller."""
+        rate, rates = self.control.rate, self._learning_rates
+        if rate is not None and rates.get_value()[0] != np.asarray(rate, dtype=rates.dtype):
+            rates.set_value(np.full(2, rate, dtype=rates.dtype))
 
     def restore(
         self, record: FitRecord, step: int, random_seed, check_root: tuple,
@@ -272,6 +274,7 @@ class FlowInference(Inference):
         self.random_seed = random_seed
         self._check_root = check_root
         self.noise_rng.set_value(noise, borrow=True)
+        self._write_rate()
 
     def prepare(self, options: FitOptions) -> None:
         """Compile the step for ``options`` (the fit keywords) and set up its controller:
@@ -284,6 +287,7 @@ class FlowInference(Inference):
         )
         self.fit_options = options
         self.control = self._control(options)
+        self._write_rate()
         self.hyper = HyperSearch(options.tol) if options.auto and options.more_obj_params else None
         self._hyper_fn = None
 
@@ -415,6 +419,7 @@ class FlowInference(Inference):
     def _hyperparameters_moved(self) -> None:
         """θ moved: q converges again, from where it is, with a fresh schedule."""
         self.control = self._control(self.fit_options)
+        self._write_rate()
 
     def end_message(self, reason: str) -> str:
         """How the fit ended, in words (the hyperparameters' test included)."""
@@ -459,6 +464,7 @@ class FlowInference(Inference):
             size = info.get("step_size", float(self._learning_rates.get_value()[0]))
             self.record.count(info["gradient_evaluations"], info["density_evaluations"])
             stop = self.control.observe(free_energy, info)
+            self._write_rate()
             done += 1
             if self.fit_options.more_obj_params:
                 self.record.hyper_trace.append(flat_values(self.fit_options.more_obj_params))
@@ -563,7 +569,6 @@ def stochastic_control(inference: FlowInference, tol: float) -> Stochastic:
             p.set_value(a.astype(p.dtype))
             for p, a in zip(inference.approx.params, arrays, strict=True)
         ],
-        set_rate=inference.set_step_size,
         measured=inference.measured_correlation,
         span=inference.average_span,
         margin=inference.agreement_margin,

@@ -210,7 +210,8 @@ class _Iterate:
 
     def __init__(self, noise, drift=0.0, seed=0, curvature=0.0, start=5.0, pull=1.0):
         self.rng = np.random.default_rng(seed)
-        self.noise, self.drift, self.rate, self.pull = noise, drift, 1.0, pull
+        self.noise, self.drift, self.pull = noise, drift, pull
+        self.controller: Stochastic | None = None  # sets the step size, as in a fit
         self.curvature = curvature
         self.x, self.target, self.averaged = start, 0.0, None
 
@@ -219,18 +220,19 @@ class _Iterate:
         d = self.x - self.target
         # a curved gradient, d - c min(d^2, 1): the iterates' average sits c Var above target
         gradient = self.pull * d - self.curvature * min(d * d, 1.0)
-        self.x += -self.rate * gradient + self.rate * self.noise * self.rng.normal()
+        rate = self.controller.rate
+        self.x += -rate * gradient + rate * self.noise * self.rng.normal()
         free_energy = 0.5 * (self.x - self.target) ** 2 - 0.01 * self.target
         return free_energy + 0.1 * self.rng.normal()
 
     def control(self, tol):
-        return Stochastic(
+        self.controller = Stochastic(
             tol,
             location=lambda: (np.array([self.x]), np.array([1.0])),
             params=lambda: [np.array([self.x])],
             set_params=lambda arrays: setattr(self, "averaged", float(arrays[0][0])),
-            set_rate=lambda rate: setattr(self, "rate", rate),
         )
+        return self.controller
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -272,9 +272,9 @@ def _window_stats(values: list[float]) -> tuple[float, float]:
 class SamplingControl(Control):
     """Burn-in, step-size adaptation, draws and the convergence test of a Langevin ensemble.
 
-    ``particles()`` returns the current particles ``(N, D)`` and their drift; ``set_rate(eta)``
-    sets the step size of the compiled step (multiplied by ``minibatch_fraction`` once burn-in
-    ends); ``preconditioner(values)`` sets the
+    ``particles()`` returns the current particles ``(N, D)`` and their drift; ``rate`` is
+    the step size (multiplied by ``minibatch_fraction`` once burn-in ends), which the engine
+    writes into the compiled step; ``preconditioner(values)`` sets the
     preconditioner ``(diagonal, factor)`` and returns it (``None``: no preconditioning).
     ``adapt=False`` keeps a fixed ``learning_rate``. Every step's mean ``V`` and MMD term are
     kept in :attr:`trace` with the kernel's bandwidth (the ``fit`` group's ``mean_v``, ``mmd``
@@ -287,7 +287,7 @@ class SamplingControl(Control):
         "reestimate", "rejections", "restarted", "rhat", "rhat_excess", "shrink", "steps", "store",
         "target_ess", "trace", "values", "window",
     )  # fmt: skip
-    hooks = ("_particles", "_preconditioner", "_restart_outliers", "_set_rate")
+    hooks = ("_particles", "_preconditioner", "_restart_outliers")
 
     kind = "sampling"
 
@@ -296,7 +296,6 @@ class SamplingControl(Control):
         tol: float | None,
         *,
         particles: Callable[[], np.ndarray],
-        set_rate: Callable[[float], None],
         rate: float,
         preconditioner: Callable | None = None,
         restart_outliers: Callable[[], int] | None = None,
@@ -309,7 +308,7 @@ class SamplingControl(Control):
         max_rejections: int = 30,
     ):
         super().__init__(tol)
-        self._particles, self._set_rate = particles, set_rate
+        self._particles = particles
         self._preconditioner = preconditioner
         self._restart_outliers = restart_outliers
         self.restarted = 0  # particles restarted during burn-in (:func:`outlying`)
@@ -333,7 +332,6 @@ class SamplingControl(Control):
         # spread is the start's, not the posterior's)
         self.reestimate = True
         self.converged = False  # the last convergence check passed
-        self._set_rate(self.rate)
 
     def observe(self, free_energy, info):
         for key, values in self.trace.items():
@@ -342,7 +340,6 @@ class SamplingControl(Control):
             self.rejections += 1
             self.rate /= 4.0
             self.shrink /= 4.0
-            self._set_rate(self.rate)
             return "stalled" if self.rejections >= self.max_rejections else None
         self.rejections = 0
         self.steps += 1
@@ -379,7 +376,6 @@ class SamplingControl(Control):
             self.last = np.array(particles), np.array(drift)
             if np.isfinite(self.curvature) and self.curvature > 0:
                 self.rate = self.shrink * STEP_PER_CURVATURE / self.curvature
-                self._set_rate(self.rate)
         if not window_ends:
             return None
         previous, self.previous = self.previous, _window_stats(self.values)
@@ -387,7 +383,6 @@ class SamplingControl(Control):
             self.burn_in = self.steps
             if self.adapt and self.minibatch_fraction < 1:
                 self.rate *= self.minibatch_fraction
-                self._set_rate(self.rate)
         self.values = []
         return None
 

@@ -345,7 +345,6 @@ class Ensemble(FlowInference):
                 self.approx.state.particles.get_value(),
                 self.approx.state.drift.get_value(),
             ),
-            set_rate=self.set_step_size,
             preconditioner=self.approx.preconditioner if self._preconditioned(options) else None,
             restart_outliers=self._restart_outliers,
             minibatch_fraction=self.target.minibatch_fraction,
