@@ -437,6 +437,14 @@ class FlowInference(Inference):
 
     def _remedy(self, reason: str) -> str:
         """What to do about a fit that ended for ``reason`` without converging."""
+        if reason == "stalled" and not self.fit_options.auto:
+            # refused non-finite moves under a fixed step: the step, not the model, is suspect
+            return (
+                f"This fit used the fixed learning_rate {self.fit_options.learning_rate}, too "
+                "large for the posterior's curvature if the moves diverged: refit without it "
+                f"(pm.fit(method='{self.name}')) for the automatic step size, or with a much "
+                "smaller one; else check the model near q"
+            )
         return UNCONVERGED_REMEDIES.get(reason, "")
 
     def _control(self, options: FitOptions) -> Control:

@@ -165,6 +165,23 @@ def test_the_langevin_kinds_put_half_the_mass_on_each_mode(kind):
     assert abs(share - 0.5) < 0.05, (share, approx.outcome.message)
 
 
+def test_a_fixed_step_too_large_for_the_posterior_says_so():
+    """A regression on 400 rows (coefficients' sds about 0.05) with the fixed step 0.01,
+    twice the largest stable Euler step (2 sd^2): the moves grow until they are refused, the
+    ensemble stalls, and the warning names the fixed learning_rate, not the model, as the
+    cause."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 2))
+    with pm.Model():
+        b = pm.Normal("b", 0, 1, shape=2)
+        s = pm.HalfNormal("s", 1)
+        pm.Normal("y", x @ b, s, observed=x @ [1.0, -0.5] + rng.normal(size=400))
+        with pytest.warns(pymc_gpf.FitWarning, match=r"learning_rate \(0.01, 0.01\), too large"):
+            approx = pm.fit(300, method="ensemble", learning_rate=0.01, random_seed=4,
+                            progressbar=False, backend="quick_c")  # fmt: skip
+    assert approx.outcome.reason == "stalled"
+
+
 def test_bad_options_are_clear_errors():
     model = _gaussian()
     with pytest.raises(ValueError, match="kind must be one of"):
