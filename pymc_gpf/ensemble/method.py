@@ -27,7 +27,7 @@ from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gf.method import GF, fit_inside
 from pymc_gpf.options import FitOptions
-from pymc_gpf.start import initial_cloud
+from pymc_gpf.start import initial_centre, initial_cloud
 from pymc_gpf.stepgraph import StepGraph, dynamic_rows, share, standard_normal
 from pymc_gpf.verdict import FAMILY_LIMITED, NOT_CONVERGED, TRUSTWORTHY, Verdict
 
@@ -214,9 +214,12 @@ class Ensemble(FlowInference):
         noise; ``"gaussian"``, draws of a Gaussian fit (GF at its defaults) with twice its
         sds: a short burn-in, but every chain starts in that fit's mode, so other modes go
         unseen; ``"auto"`` (default): the initial point, so that chains reaching different
-        modes show in R-hat, preconditioned (Langevin kinds, whole data set) by the Gaussian
-        fit's covariance where that fit's verdict is trustworthy, else by the ensemble's own
-        covariance, re-estimated during burn-in (the fit's is not the posterior's).
+        modes show in R-hat, plus ``init_scale`` times deviations of the Gaussian fit's
+        draws from its mean where that fit converged (the posterior's scales, which can be
+        far from the model's; else standard normal noise), preconditioned (Langevin kinds,
+        whole data set) by that fit's covariance where its verdict is trustworthy, else by
+        the ensemble's own covariance, re-estimated during burn-in (the fit's is not the
+        posterior's).
     thin, target_ess
         Keep every ``thin``-th state as a draw; the Langevin kinds stop once the draws'
         smallest bulk and tail ESS reach ``target_ess`` with R-hat within 1.01 times that of
@@ -303,6 +306,15 @@ class Ensemble(FlowInference):
                 self._init_used = "gaussian"
                 return approx
             self._init_used = "initial_point"
+            if q is not None and self.start_fit.get("converged"):
+                # around the initial point at q's scales and orientation, not the model's: a
+                # slope on predictors in the thousands has a posterior sd of 5e-5, and unit
+                # noise there put the chains 10^4 sds out, on a flat ridge of an improper
+                # posterior they never left (a negative binomial regression with flat priors)
+                centre = initial_centre(target, self._start, "initial_point", self._init_rng)
+                spread = q.sample(config.n_particles, self._init_rng) - q.mean
+                particles = centre + config.init_scale * spread
+                return EnsembleApproximation(self, particles.astype(target.dtype))
         particles = initial_cloud(
             target, self._start, self._init_rng, n_particles=config.n_particles,
             init_scale=config.init_scale, init=self._init_used,
