@@ -474,7 +474,8 @@ class SamplingControl(Control):
                 text += (
                     f"; particle {particle} sits apart from the others (its mean of "
                     f"coordinate {coordinate} is {distance:.0f} within-chain sds from theirs): "
-                    "the posterior has several modes, which the chains do not cross"
+                    "the posterior has several modes, which the chains do not cross, or that "
+                    "particle is stuck where the density is flat (an improper ridge)"
                 )
             return text
         return super().describe(reason)
