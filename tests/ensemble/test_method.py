@@ -165,6 +165,31 @@ def test_the_langevin_kinds_put_half_the_mass_on_each_mode(kind):
     assert abs(share - 0.5) < 0.05, (share, approx.outcome.message)
 
 
+def test_the_chains_start_at_the_posteriors_scale_not_the_models_units():
+    """A regression on a predictor in the thousands with flat priors and known noise: the
+    slope's posterior sd is about 1e-4 (closed form). The chains start around the initial
+    point with the Gaussian fit's spread (about that sd), not with unit noise 10^4 sds
+    wide, and the fit at defaults matches the exact posterior."""
+    rng = np.random.default_rng(8)
+    x = rng.uniform(1000, 5000, size=100)
+    design = np.column_stack([np.ones_like(x), x])
+    y = design @ [1.0, 0.002] + rng.normal(size=100)
+    cov = np.linalg.inv(design.T @ design)  # sigma = 1, flat priors
+    mean, sd = cov @ design.T @ y, np.sqrt(np.diag(cov))
+    with pm.Model():
+        beta = pm.Flat("beta", shape=2)
+        pm.Normal("y", design @ beta, 1.0, observed=y)
+        inference = pymc_gpf.Ensemble(random_seed=3)
+        start = inference.approx.particles
+        approx = pm.fit(method=inference, progressbar=False)
+    spread = start.std(axis=0) / sd
+    assert np.all((spread > 0.5) & (spread < 2.0)), spread
+    draws = approx.draws.reshape(-1, 2)
+    assert np.all(np.abs(draws.mean(axis=0) - mean) / sd < 0.1)
+    assert np.all(np.abs(draws.std(axis=0) / sd - 1) < 0.1)
+    assert approx.outcome.verdict == "trustworthy"
+
+
 def test_a_fixed_step_too_large_for_the_posterior_says_so():
     """A regression on 400 rows (coefficients' sds about 0.05) with the fixed step 0.01,
     twice the largest stable Euler step (2 sd^2): the moves grow until they are refused, the
