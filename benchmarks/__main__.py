@@ -24,6 +24,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS_DIR, QUICK_DIR = ROOT / "docs" / "benchmarks", ROOT / "build" / "benchmarks-quick"
+PROSE = ROOT / "benchmarks" / "prose.md"
 CSV_FIELDS = ["experiment", "case", "method", "metric", "value", "unit", "note"]
 PAPERS = "examples/paper_real_data.py"  # the papers' figures: the tests run them quick
 SECTION_MODULES = {"logistic": PAPERS, "bnn": PAPERS, "wvgd": PAPERS,
@@ -71,8 +72,8 @@ class Context:
 
 def prose(key: str, **values: Any) -> str:
     """The template ``@@ key`` of ``prose.md``, its lines joined into paragraphs, filled in."""
-    blocks = re.split(r"^@@ (\S+)\n", (ROOT / "benchmarks" / "prose.md").read_text(), flags=re.M)
-    text = dict(zip(blocks[1::2], blocks[2::2], strict=True))[key].strip()
+    blocks = re.split(r"^@@ (\S+)\n", PROSE.read_text(), flags=re.MULTILINE)[1:]
+    text = dict(zip(blocks[::2], blocks[1::2], strict=True))[key].strip()
     return re.sub(r"(?<!\n)\n(?!\n)", " ", text).format(**values)
 
 
@@ -125,7 +126,8 @@ def run_section(name: str, quick: bool, out_dir: Path, backend: str | None, devi
     from benchmarks import harness
 
     title, run = sections_of(SECTION_MODULES[name])[name]
-    ctx, harness.BACKEND = Context(name, quick, out_dir, backend, device), backend
+    ctx = Context(name, quick, out_dir, backend, device)
+    harness.BACKEND = backend
     print(f"== {name}: {title}", flush=True)
     load_before, start = os.getloadavg()[0], time.perf_counter()
     body = run(ctx)
@@ -165,6 +167,20 @@ def assemble(out_dir: Path) -> None:
     print(f"report: {report}\nnumbers: {out_dir / 'benchmarks.csv'}")
 
 
+def pin_blas_threads(threads: int) -> None:
+    """Limit every BLAS library to ``threads``: through the environment for those loaded
+    later (numba-compiled functions call SciPy's OpenBLAS, which NumPy does not load), and
+    through threadpoolctl for those already loaded."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    import pymc  # noqa: F401
+    import scipy.linalg  # noqa: F401  (loads SciPy's OpenBLAS)
+
+    from threadpoolctl import threadpool_limits  # a PyMC dependency
+
+    threadpool_limits(threads, user_api="blas")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -182,16 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, module in SECTION_MODULES.items():
             print(f"{name:10s} {module}")
         return 0
-    # BLAS threads: the environment for the libraries loaded later (numba-compiled functions
-    # call SciPy's OpenBLAS, which NumPy does not load), threadpoolctl for those loaded now
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(args.blas_threads)
-    import pymc  # noqa: F401
-    import scipy.linalg  # noqa: F401  (loads SciPy's OpenBLAS)
-
-    from threadpoolctl import threadpool_limits  # a PyMC dependency
-
-    threadpool_limits(args.blas_threads, user_api="blas")
+    pin_blas_threads(args.blas_threads)
     # PyMC logs at INFO on every fit; the benchmarks print their own progress
     for name in ("pymc", "pymc_gpf", "pymc.sampling.mcmc", "pymc.stats.convergence"):
         logging.getLogger(name).setLevel(logging.ERROR)

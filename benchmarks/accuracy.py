@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 
-from types import SimpleNamespace
+from dataclasses import dataclass
 
 import numpy as np
 import pymc as pm
@@ -37,18 +37,28 @@ METRICS = {  # CSV metric: (Row field, unit)
 }  # fmt: skip
 
 
-class Row(SimpleNamespace):
-    """A method on a case: the numbers of ``METRICS`` (NaN until set; ``opt_*``: q against the
-    exact Gaussian-VI optimum), ``stop``, ``verdict``, ``note``, ``warned`` (None: no warnings)."""
-
-    def __init__(self, label: str, **values) -> None:
-        super().__init__(**{"label": label, "stop": "", "verdict": "", "warned": None, "note": ""}
-                         | values)  # fmt: skip
-
-    def __getattr__(self, name: str) -> float:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return NAN
+@dataclass
+class Row:
+    label: str
+    max_mean: float = NAN
+    max_sd: float = NAN
+    seconds: float = NAN
+    grads: float = NAN
+    steps: float = NAN
+    densities: float = NAN
+    wasserstein: float = NAN
+    grads_to_accurate: float = NAN
+    khat: float = NAN
+    gap: float = NAN
+    check_seconds: float = NAN
+    psis_mean: float = NAN
+    psis_sd: float = NAN
+    opt_mean: float = NAN  # q against the exact Gaussian-VI optimum (unconstrained, its sds)
+    opt_sd: float = NAN
+    stop: str = ""
+    verdict: str = ""
+    warned: bool | None = None  # None: the method has no warnings to give
+    note: str = ""
 
     accurate = property(lambda self: bool(self.max_mean < GOOD and self.max_sd < GOOD))
     silent = property(lambda self: not self.accurate and not self.warned and self.label != OPTIMUM)
@@ -68,12 +78,9 @@ class Row(SimpleNamespace):
         return self
 
 
-def scored(label: str, errors: tuple, seconds=NAN, grads=NAN, steps=NAN, densities=NAN,
-           **kwargs) -> Row:  # fmt: skip
+def scored(label: str, errors: tuple, *args, **kwargs) -> Row:
     """A row from ``(max |ε_μ|, max |ε_σ|[, sliced W2])`` and the other fields."""
-    return Row(label, max_mean=errors[0], max_sd=errors[1], seconds=seconds, grads=grads,
-               steps=steps, densities=densities, wasserstein=(*errors[2:], NAN)[0],
-               **kwargs)  # fmt: skip
+    return Row(label, *errors[:2], *args, **kwargs, wasserstein=(*errors[2:], NAN)[0])
 
 
 def sample(approx, draws: int | None, seed: int | None, **kwargs) -> dict[str, np.ndarray]:
@@ -115,6 +122,7 @@ def median(values) -> float:
     return float(np.nanmedian(list(values)))
 
 
+# ------------------------------------------------------------------------------ reference
 REFERENCE_METHODS = [
     Method("GPF (defaults)", "gpf"),
     Method("GF (defaults)", "gf"),
@@ -161,7 +169,7 @@ def fit_reference(case: cases.ReferenceCase, method: Method, seed: int = 1) -> R
     inference, ours = run.inference, method.method in harness.OURS
     row = scored(method.label, errors, run.first_call_seconds + run.seconds, run.grads, run.steps,
                  inference.density_evaluations if ours else 0, note=run.failure or "",
-                 grads_to_accurate=(*accurate, NAN)[0])  # fmt: skip
+                 grads_to_accurate=accurate[0] if accurate else NAN)  # fmt: skip
     if not ours:
         return row
     outcome = inference.outcome
@@ -253,6 +261,7 @@ def reference(ctx) -> str:
         "when trustworthy", body), *parts])  # fmt: skip
 
 
+# ----------------------------------------------------------------------------------- hard
 HARD_OURS = {"GPF": ("gpf", {}), "GF": ("gf", {}), "WVGD": ("wvgd", {}),
              "Langevin ensemble": ("ensemble", {}),
              "Repulsive ensemble": ("ensemble", {"kind": "repulsive"})}  # fmt: skip
@@ -350,6 +359,7 @@ def hard(ctx) -> str:
     return "\n\n".join([ctx.text("hard"), "### Summary", table, *tables])
 
 
+# ------------------------------------------------------------------------------ minibatch
 def minibatch(ctx) -> str:
     n = ctx.pick(2_000, 20_000)
     rng = np.random.default_rng(0)
@@ -384,6 +394,7 @@ def minibatch(ctx) -> str:
         rows)  # fmt: skip
 
 
+# ---------------------------------------------------------------------------------- type2
 def gp_case(n: int, seed: int = 1):
     """GP regression, ``log ℓ`` and ``log η`` learnt: builder, optimum θ*, −log p(y | θ*)."""
     from scipy import optimize

@@ -35,6 +35,7 @@ def backend_name(name: str | None) -> str:
     return name or f"{linker} (PyMC's default)"
 
 
+# ------------------------------------------------------------------------------ methods
 @dataclass(frozen=True)
 class Method:
     """A label and how to fit it: ``inf_kwargs`` to the constructor, ``fit_kwargs`` to ``fit``."""
@@ -72,6 +73,7 @@ def evaluations(inference, steps: int, obj_n_mc: int = 1) -> int:
     return steps * obj_n_mc
 
 
+# ------------------------------------------------------------------------------- runner
 @dataclass
 class FitRun:
     """One fit: the inference, its cost, and the metrics read along the way."""
@@ -124,12 +126,12 @@ def fit_method(method: Method, model, steps: int, seed: int = 1, *, check=None, 
     if check is not None:
         record()
         state["spent"] = 0.0
-    failure, start = None, time.perf_counter()
+    fit_kwargs, failure = {"backend": BACKEND, **method.fit_kwargs}, None
+    start = time.perf_counter()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # one step has not converged
-            inference.fit(1, progressbar=False, callbacks=[callback],
-                          **{"backend": BACKEND, **method.fit_kwargs})  # fmt: skip
+            inference.fit(1, progressbar=False, callbacks=[callback], **fit_kwargs)
     except FloatingPointError as err:
         return FitRun(method, inference, 1, evaluations(inference, 1, n_mc), 0.0, 0.0,
                       state["rows"], str(err)[:200], seed)  # fmt: skip
@@ -143,8 +145,9 @@ def fit_method(method: Method, model, steps: int, seed: int = 1, *, check=None, 
     seconds = clock()
     if check is not None and failure is None and state["rows"][-1]["step"] != state["steps"]:
         record()
-    return FitRun(method, inference, state["steps"], evaluations(inference, state["steps"], n_mc),
-                  first_call, seconds, state["rows"], failure, seed)  # fmt: skip
+    grads = evaluations(inference, state["steps"], n_mc)
+    return FitRun(method, inference, state["steps"], grads, first_call, seconds, state["rows"],
+                  failure, seed)  # fmt: skip
 
 
 def geometric_steps(last: int, per_decade: int = 12) -> np.ndarray:
@@ -202,7 +205,8 @@ def nuts(model, seed: int = 1, draws: int = 1000, tune: int = 1000, **kwargs) ->
     with warnings.catch_warnings(record=True) as caught, model:
         warnings.simplefilter("always")
         idata = pm.sample(draws, tune=tune, random_seed=seed, progressbar=False, **kwargs)
-    seconds, post, stats = time.perf_counter() - start, idata.posterior, idata.sample_stats
+    seconds = time.perf_counter() - start
+    post, stats = idata.posterior, idata.sample_stats
     values = {k: post[k].values.reshape(-1, *post[k].shape[2:]) for k in post.data_vars}
     grads = float(stats["n_steps"].sum())
     if "warmup_sample_stats" in idata:
@@ -212,6 +216,7 @@ def nuts(model, seed: int = 1, draws: int = 1000, tune: int = 1000, **kwargs) ->
     return Nuts(values, seconds, grads, divergences, warned)
 
 
+# ------------------------------------------------------------------------------ reading q
 def flat_sample(approx, draws: int, seed: int) -> np.ndarray:
     """``(S, D)`` points of any fitted q in flat unconstrained space, without compiling: draws
     of ours and of PyMC's Gaussians, SVGD's particles, a burning-in ensemble's particles; NaN
@@ -233,7 +238,8 @@ def flat_sample(approx, draws: int, seed: int) -> np.ndarray:
     noise = rng.standard_normal((draws, len(params["mu"])))
     if "rho" in params:  # sd = softplus(rho)
         return params["mu"] + noise * np.logaddexp(0.0, params["rho"])
-    chol = np.zeros((d := len(params["mu"]), d))
+    d = len(params["mu"])
+    chol = np.zeros((d, d))
     chol[np.tril_indices(d)] = params["L_tril"]
     chol[np.diag_indices(d)] = np.logaddexp(0.0, np.diag(chol))
     return params["mu"] + noise @ chol.T
@@ -248,17 +254,18 @@ def max_errors(columns: np.ndarray, mean: np.ndarray, sd: np.ndarray) -> tuple[f
     return float(np.max(np.abs(columns.mean(0) - mean) / sd)), float(np.max(np.abs(eps_sd)))
 
 
+# ------------------------------------------------------------------------- child processes
 def time_per_call(call: Callable[[int], Any], target_seconds: float, repeats: int = 5) -> float:
     """Median seconds per unit of ``call(n)``, ``n`` calibrated to ``target_seconds``."""
-
-    def seconds(n: int) -> float:
+    start = time.perf_counter()
+    call(3)  # warm caches and any lazy JIT
+    estimate = max((time.perf_counter() - start) / 3, 1e-6)
+    n, times = int(np.clip(target_seconds / estimate, 3, 100_000)), []
+    for _ in range(repeats):
         start = time.perf_counter()
         call(n)
-        return (time.perf_counter() - start) / n
-
-    estimate = max(seconds(3), 1e-6)  # warms caches and any lazy JIT
-    n = int(np.clip(target_seconds / estimate, 3, 100_000))
-    return float(np.median([seconds(n) for _ in range(repeats)]))
+        times.append((time.perf_counter() - start) / n)
+    return float(np.median(times))
 
 
 def run_child(payload: dict, **env: str) -> dict:
@@ -276,6 +283,7 @@ def run_child(payload: dict, **env: str) -> dict:
     return json.loads(lines[-1])
 
 
+# --------------------------------------------------------------------------------- report
 def fmt(value: float, digits: int = 3, blank: str = "—") -> str:
     """``digits`` significant digits (``blank`` for nan/inf)."""
     if value is None or not np.isfinite(value):
