@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import inspect
 
+from collections.abc import Callable
+
 import numpy as np
 import pymc as pm
 
@@ -84,9 +86,14 @@ def initial_cloud(
     n_particles: int,
     init_scale: float,
     init: str,
+    spread: Callable[[int, np.random.Generator], np.ndarray] | None = None,
 ) -> np.ndarray:
     """``n_particles`` points ``(N, D)`` around :func:`initial_centre`: the centre plus
-    ``init_scale`` times standard normal noise, in the target's dtype."""
+    ``init_scale`` times deviations ``spread(N, rng)`` (default standard normal noise), in
+    the target's dtype."""
     centre = initial_centre(target, start, init, rng)
-    noise = rng.standard_normal((n_particles, target.ndim))
-    return (centre + init_scale * noise).astype(target.dtype)
+    if spread is None:
+        deviations = rng.standard_normal((n_particles, target.ndim))
+    else:
+        deviations = spread(n_particles, rng)
+    return (centre + init_scale * deviations).astype(target.dtype)

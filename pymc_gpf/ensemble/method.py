@@ -27,7 +27,7 @@ from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gf.method import GF, fit_inside
 from pymc_gpf.options import FitOptions
-from pymc_gpf.start import initial_centre, initial_cloud
+from pymc_gpf.start import initial_cloud
 from pymc_gpf.stepgraph import StepGraph, dynamic_rows, share, standard_normal
 from pymc_gpf.verdict import FAMILY_LIMITED, NOT_CONVERGED, TRUSTWORTHY, Verdict
 
@@ -306,18 +306,17 @@ class Ensemble(FlowInference):
                 self._init_used = "gaussian"
                 return approx
             self._init_used = "initial_point"
-            if q is not None and self.start_fit.get("converged"):
-                # around the initial point at q's scales and orientation, not the model's: a
-                # slope on predictors in the thousands has a posterior sd of 5e-5, and unit
-                # noise there put the chains 10^4 sds out, on a flat ridge of an improper
-                # posterior they never left (a negative binomial regression with flat priors)
-                centre = initial_centre(target, self._start, "initial_point", self._init_rng)
-                spread = q.sample(config.n_particles, self._init_rng) - q.mean
-                particles = centre + config.init_scale * spread
-                return EnsembleApproximation(self, particles.astype(target.dtype))
+        spread = None
+        if self._start_q is not None and self.start_fit.get("converged"):
+            # around the initial point at q's scales and orientation, not the model's: a
+            # slope on predictors in the thousands has a posterior sd of 5e-5, and unit
+            # noise there put the chains 10^4 sds out, on a flat ridge of an improper
+            # posterior they never left (a negative binomial regression with flat priors)
+            q = self._start_q
+            spread = lambda n, rng: q.sample(n, rng) - q.mean  # noqa: E731
         particles = initial_cloud(
             target, self._start, self._init_rng, n_particles=config.n_particles,
-            init_scale=config.init_scale, init=self._init_used,
+            init_scale=config.init_scale, init=self._init_used, spread=spread,
         )  # fmt: skip
         return EnsembleApproximation(self, particles)
 
