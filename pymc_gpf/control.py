@@ -1,8 +1,10 @@
 """When a fit stops, and the step-size schedule of stochastic fits: plain Python between steps.
 
 Each fit has one controller; after every step the engine hands it the free energy and the
-step's ``info`` and it answers with a stop code or ``None``. The codes and what they mean
-are :data:`REASONS`. The rules:
+step's ``info`` (with the fields of q the controller ``reads``) and it answers with a
+:class:`Decision`: a stop code or ``None``, and what the engine is to change (q's
+parameters, ...); it never acts on the fit itself. The codes and what they mean are
+:data:`REASONS`. The rules:
 
 * :class:`Deterministic` (GPF on full data, backtracking line search): **converged** when the
   natural-gradient decrement (squared distance to the fixed point in units of q's spread,
@@ -36,13 +38,16 @@ from __future__ import annotations
 
 import math
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-__all__ = ["REASONS", "Control", "Deterministic", "FixedSteps", "Outcome", "Saved", "Stochastic"]
+__all__ = [
+    "REASONS", "Control", "Decision", "Deterministic", "FixedSteps", "Outcome", "Saved",
+    "Stochastic",
+]  # fmt: skip
 
 REASONS = {
     "converged": "converged",
@@ -83,6 +88,23 @@ Z_BIAS = 1.0
 _ARRAY = "__ndarray__"  # the key marking an array in a saved state
 
 
+class Decision(NamedTuple):
+    """A controller's answer to a step, which the engine carries out: ``stop``, a reason
+    code (:data:`REASONS`) or ``None`` to go on; ``params``, q's parameters to set (the
+    average a stochastic fit ends on); ``preconditioner``, an ensemble's ``(diagonal,
+    factor)`` to set; ``restart``, ``(particles, sources)`` index arrays: an ensemble's
+    particles that take the state of others. The step size is the controller's ``rate``,
+    which the engine writes after every decision."""
+
+    stop: str | None = None
+    params: list[np.ndarray] | None = None
+    preconditioner: tuple[np.ndarray, np.ndarray] | None = None
+    restart: tuple[np.ndarray, np.ndarray] | None = None
+
+
+GO_ON = Decision()
+
+
 @dataclass
 class Outcome:
     """How a fit ended: ``converged`` (``None`` when nothing was tested: a fixed step size
@@ -118,15 +140,12 @@ class Outcome:
 
 class Saved:
     """An object whose attributes are its state, so that a saved fit continues exactly:
-    :meth:`state` writes them as JSON (:func:`_to_json`), leaving out the hooks into the fit
-    (callables, given again when the object is built); :meth:`load` restores them, with
+    :meth:`state` writes them as JSON (:func:`_to_json`); :meth:`load` restores them, with
     equal values and dtypes, loading nested saved objects in place."""
 
-    # per class: the attributes a checkpoint holds, and those wiring it into the fit (given
-    # again when it is built); an attribute in neither is an error when saving, so a new one
-    # cannot change the checkpoint format unnoticed
+    # per class: the attributes a checkpoint holds; an undeclared one is an error when
+    # saving, so a new one cannot change the checkpoint format unnoticed
     saved: ClassVar[tuple[str, ...]] = ()
-    hooks: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def _declared(cls, what: str) -> set[str]:
@@ -135,11 +154,11 @@ class Saved:
     def state(self) -> dict[str, Any]:
         """JSON-able state: the declared attributes."""
         saved = self._declared("saved")
-        undeclared = set(vars(self)) - saved - self._declared("hooks")
+        undeclared = set(vars(self)) - saved
         if undeclared:
             raise RuntimeError(
-                f"{type(self).__name__} has attributes {sorted(undeclared)} that are neither "
-                "saved nor hooks: declare them (pymc_gpf.control.Saved)."
+                f"{type(self).__name__} has attributes {sorted(undeclared)} that are not "
+                "saved: declare them (pymc_gpf.control.Saved)."
             )
         return {k: _to_json(getattr(self, k)) for k in sorted(saved) if hasattr(self, k)}
 
@@ -156,18 +175,21 @@ class Saved:
 class Control(Saved):
     """Base controller: never stops by itself. A controller that sets the step size holds
     it in ``rate``, the one place it lives: the engine writes it into the compiled step
-    after every decision (``None``: the step size is not the controller's)."""
+    after every decision (``None``: the step size is not the controller's). ``reads``
+    names the fields of q it needs in ``info`` beyond the step's own (e.g. ``"params"``),
+    which the engine adds (:meth:`pymc_gpf.engine.FlowInference.observation`)."""
 
     saved = ("tol",)
 
     kind = "fixed"
     rate: float | None = None
+    reads: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, tol: float | None):
         self.tol = tol
 
-    def observe(self, free_energy: float, info: dict[str, float]) -> str | None:
-        return None
+    def observe(self, free_energy: float, info: dict[str, Any]) -> Decision:
+        return GO_ON
 
     def describe(self, reason: str) -> str:
         return REASONS.get(reason, reason)
@@ -181,11 +203,14 @@ class Control(Saved):
         limit)."""
         return reason
 
-    def finish(self, reason: str) -> None:
-        """The fit stops for ``reason`` (e.g. the step limit): a last chance to act."""
+    def finish(self, reason: str, info: dict[str, Any]) -> Decision:
+        """The fit stops for ``reason`` (e.g. the step limit), ``info`` the fields it
+        ``reads``: a last decision."""
+        return GO_ON
 
-    def resume(self) -> None:
-        """The fit continues (``refine``): undo what :meth:`finish` did."""
+    def resume(self) -> Decision:
+        """The fit continues (``refine``): undo what :meth:`finish` decided."""
+        return GO_ON
 
 
 class FixedSteps(Control):
@@ -200,6 +225,9 @@ class FixedSteps(Control):
         self.previous: list[float] | None = None
 
     def observe(self, free_energy, info):
+        return Decision(self._test(free_energy))
+
+    def _test(self, free_energy: float) -> str | None:
         if self.tol is None:
             return None
         self.values.append(float(free_energy))
@@ -252,6 +280,9 @@ class Deterministic(Control):
         self.verifying = False  # the best state was restored: the next evaluation tests it
 
     def observe(self, free_energy, info):
+        return Decision(self._test(info))
+
+    def _test(self, info: dict[str, Any]) -> str | None:
         if info["accepted"]:
             self.last_decrement = float(info["decrement"])
             if self.verifying:
@@ -306,9 +337,9 @@ class Deterministic(Control):
 class Stochastic(Control):
     """Noisy objectives: windowed plateau test, step halving, Polyak-Ruppert averaging.
 
-    ``location()`` returns ``(location, scale)`` arrays of q now (e.g. its mean and sds);
-    ``params()`` the arrays to average; ``set_params(arrays)`` replaces them (the average
-    the fit ends on); the step size is ``rate``.
+    It reads q's ``location`` and ``scale`` now (e.g. its mean and sds) and the ``params``
+    to average; the average the fit ends on is its decision's ``params``; the step size is
+    ``rate``.
 
     Two phases. *Adapting*: at each plateau of the trace the step is halved, until it is at
     most ``max_average_rate`` and the iterates' step-to-step spread is below ``max_spread``
@@ -342,17 +373,14 @@ class Stochastic(Control):
         "margin", "max_rejections", "max_spread", "measured", "min_rate", "min_window",
         "min_windows", "previous", "rate", "rejections", "span",
     )  # fmt: skip
-    hooks = ("_location", "_params", "_set_params")
 
     kind = "stochastic"
+    reads = ("location", "scale", "params")
 
     def __init__(
         self,
         tol: float,
         *,
-        location: Callable[[], tuple[np.ndarray, np.ndarray]],
-        params: Callable[[], Sequence[np.ndarray]],
-        set_params: Callable[[Sequence[np.ndarray]], None],
         rate: float = 1.0,
         min_window: int = 20,
         min_rate: float = 1e-4,
@@ -366,8 +394,6 @@ class Stochastic(Control):
     ):
         super().__init__(tol)
         self.measured, self.span, self.margin = measured, span, margin
-        self._location, self._params = location, params
-        self._set_params = set_params
         self.rate, self.min_window, self.min_rate = rate, min_window, min_rate
         self.max_spread, self.min_windows = max_spread, min_windows
         self.max_average_rate = max_average_rate
@@ -406,22 +432,21 @@ class Stochastic(Control):
             self.rejections += 1
             self._new_rate(self.rate / 4)
             if self.rejections >= self.max_rejections or self.rate < self.min_rate:
-                return "stalled"
-            return None
+                return Decision("stalled")
+            return GO_ON
         self.rejections = 0
-        location, scale = self._location()
-        self._scale = np.maximum(np.asarray(scale, dtype=float), 1e-300)
+        self._scale = np.maximum(np.asarray(info["scale"], dtype=float), 1e-300)
         self._values.append(float(free_energy))
-        self._locations.append(np.array(location, dtype=float))
-        params = [np.asarray(p, dtype=float) for p in self._params()]
+        self._locations.append(np.array(info["location"], dtype=float))
+        params = [np.asarray(p, dtype=float) for p in info["params"]]
         self._window_sums = _add(self._window_sums, params)
         if self.averaging:
             self._average.add(params)
         if len(self._values) < self.window_length:
-            return None
+            return GO_ON
         return self._end_of_window()
 
-    def _end_of_window(self) -> str | None:
+    def _end_of_window(self) -> Decision:
         stats = [_mean(self._values), _var_of_mean(self._values)]
         previous, self.previous = self.previous, stats
         z = Z_ONE_SIDED_005 if self.averaging else Z_ONE_SIDED_5
@@ -458,7 +483,7 @@ class Stochastic(Control):
                 if self.rate < self.min_rate:
                     return self._stop(sums, len(locations), "floor")
         self._clear_window()
-        return None
+        return GO_ON
 
     def _drifting(self, mean: np.ndarray, noise: np.ndarray | None = None) -> bool | None:
         """Whether the windows' mean locations are still on the move: the last window's
@@ -491,7 +516,7 @@ class Stochastic(Control):
         r = d1 / d0 if d0 > 0 else math.inf
         return r >= 1 or d1 * r / (1 - r) >= self.tol
 
-    def _settled(self) -> str | None:
+    def _settled(self) -> Decision:
         """The average is precise to ``tol``: stop on it if it agrees with the settled average
         at twice the step, else halve the step and average afresh."""
         location = self._average.location()
@@ -506,13 +531,13 @@ class Stochastic(Control):
         self.averaging = False
         self._average = _Average()
         self._new_rate(self.rate / 2)
-        return None
+        return GO_ON
 
-    def _stop(self, sums: list[np.ndarray], count: int, reason: str) -> str:
-        """Set q to the average ``sums / count`` (Polyak-Ruppert) and stop for ``reason``."""
-        self._set_params([s / count for s in sums])
+    def _stop(self, sums: list[np.ndarray], count: int, reason: str) -> Decision:
+        """Stop for ``reason`` with q set to the average ``sums / count``
+        (Polyak-Ruppert)."""
         self._clear_window()
-        return reason
+        return Decision(reason, params=[s / count for s in sums])
 
     def _average_error(self) -> float:
         return self._average.error(
@@ -535,16 +560,16 @@ class Stochastic(Control):
         # a drift measured at another step size says nothing of the drift at this one
         self._window_means = []
 
-    def finish(self, reason):
+    def finish(self, reason, info):
         if reason == "max_steps" and self.averaging and self._average.count:
             # the running average is the better estimate; refine resumes from the iterate
-            self._last_iterate = [np.array(p) for p in self._params()]
-            self._set_params([s / self._average.count for s in self._average.sums])
+            self._last_iterate = [np.array(p) for p in info["params"]]
+            return Decision(params=[s / self._average.count for s in self._average.sums])
+        return GO_ON
 
     def resume(self):
-        if self._last_iterate is not None:
-            self._set_params(self._last_iterate)
-            self._last_iterate = None
+        iterate, self._last_iterate = self._last_iterate, None
+        return GO_ON if iterate is None else Decision(params=iterate)
 
     def describe(self, reason):
         return _stochastic_message(self, reason) or super().describe(reason)

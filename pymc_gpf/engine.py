@@ -25,7 +25,7 @@ from pytensor.compile.sharedvalue import SharedVariable
 
 from pymc_gpf.checks import is_integer, positive, seed_sequence
 from pymc_gpf.config import MethodConfig
-from pymc_gpf.control import SPAN, Z_BIAS, Control, FixedSteps, Stochastic
+from pymc_gpf.control import SPAN, Z_BIAS, Control, Decision, FixedSteps, Stochastic
 from pymc_gpf.errors import FitWarning
 from pymc_gpf.failure import FailedStep, explain_failure
 from pymc_gpf.hyper import HyperSearch, compile_hyper_moments, flat_values, set_flat_values
@@ -263,6 +263,23 @@ class FlowInference(Inference):
         if rate is not None and rates.get_value()[0] != np.asarray(rate, dtype=rates.dtype):
             rates.set_value(np.full(2, rate, dtype=rates.dtype))
 
+    def observation(self) -> dict[str, Any]:
+        """The fields of q the controller ``reads``, for its next decision: q's
+        ``location`` and ``scale`` (:meth:`location`) and its ``params``' values (a method
+        with other fields extends this)."""
+        reads, out = self.control.reads, {}
+        if "location" in reads or "scale" in reads:
+            out["location"], out["scale"] = self.approx.location()
+        if "params" in reads:
+            out["params"] = [p.get_value() for p in self.approx.params]
+        return out
+
+    def _apply(self, decision: Decision) -> None:
+        """Carry out the controller's ``decision`` (its step size: :meth:`_write_rate`)."""
+        if decision.params is not None:
+            for shared, value in zip(self.approx.params, decision.params, strict=True):
+                shared.set_value(value.astype(shared.dtype))
+
     def restore(
         self, record: FitRecord, step: int, random_seed, check_root: tuple,
         noise: np.random.Generator,
@@ -458,7 +475,7 @@ class FlowInference(Inference):
         """At most ``n`` steps of the compiled step under the controller: extends the
         record, raises on a failed step, judges the fit and warns when it is not
         trustworthy."""
-        self.control.resume()
+        self._apply(self.control.resume())
         start = self.state.i
         done = 0
         self.run_trace: list[float] = []  # this run's free energies so far, as callbacks see
@@ -471,8 +488,10 @@ class FlowInference(Inference):
             self.run_trace.append(free_energy)
             size = info.get("step_size", float(self._learning_rates.get_value()[0]))
             self.record.count(info["gradient_evaluations"], info["density_evaluations"])
-            stop = self.control.observe(free_energy, info)
+            decision = self.control.observe(free_energy, info | self.observation())
+            self._apply(decision)
             self._write_rate()
+            stop = decision.stop
             done += 1
             if self.fit_options.more_obj_params:
                 self.record.hyper_trace.append(flat_values(self.fit_options.more_obj_params))
@@ -547,7 +566,7 @@ class FlowInference(Inference):
         self.record.conclude(
             fit_outcome(result.reason, n, len(self.hist), self.fit_options, message)
         )
-        self.control.finish(result.reason)
+        self._apply(self.control.finish(result.reason, self.observation()))
         if result.failure is None:
             self._finish(result.reason)
 
@@ -567,16 +586,10 @@ class FlowInference(Inference):
 
 
 def stochastic_control(inference: FlowInference, tol: float) -> Stochastic:
-    """The schedule of a stochastic objective, acting on the fit's parameters and step
+    """The schedule of a stochastic objective, deciding the fit's parameters and step
     size."""
     return Stochastic(
         tol,
-        location=lambda: inference.approx.location(),
-        params=lambda: [p.get_value() for p in inference.approx.params],
-        set_params=lambda arrays: [
-            p.set_value(a.astype(p.dtype))
-            for p, a in zip(inference.approx.params, arrays, strict=True)
-        ],
         measured=inference.measured_correlation,
         span=inference.average_span,
         margin=inference.agreement_margin,

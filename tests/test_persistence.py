@@ -218,19 +218,18 @@ def test_clear_errors(tmp_path, regression_model, regression_data):
 
 
 def test_a_controller_attribute_must_be_declared_to_be_saved():
-    """A checkpoint holds a controller's declared attributes only: one that is neither saved
-    nor a hook is refused when saving, so it cannot change the format unnoticed."""
+    """A checkpoint holds a controller's declared attributes only: an undeclared one is
+    refused when saving, so it cannot change the format unnoticed."""
     from pymc_gpf.control import Saved
 
     class Counter(Saved):
         saved = ("count",)
-        hooks = ("_callback",)
 
         def __init__(self):
-            self.count, self._callback = 3, None
+            self.count = 3
 
     counter = Counter()
     assert counter.state() == {"count": 3}
     counter.stray = 1.0
-    with pytest.raises(RuntimeError, match=r"\['stray'\].*neither saved nor hooks"):
+    with pytest.raises(RuntimeError, match=r"\['stray'\].*not saved"):
         counter.state()

@@ -172,17 +172,18 @@ def test_a_fixed_learning_rate_is_algorithm_2(regression_model):
 def test_the_deterministic_rule_stops_on_a_converged_fit_only():
     control = Deterministic(tol=0.03)
     info = {"accepted": True, "step_size": 1.0}
-    falling = [control.observe(0.0, info | {"decrement": 10.0 / k}) for k in range(1, 1000)]
+    falling = [control.observe(0.0, info | {"decrement": 10.0 / k}).stop for k in range(1, 1000)]
     assert all(stop is None for stop in falling)  # decrement 0.01 > tol^2 at the end
-    stops = [control.observe(0.0, info | {"decrement": 1e-4}) for _ in range(3)]
+    stops = [control.observe(0.0, info | {"decrement": 1e-4}).stop for _ in range(3)]
     assert stops == [None, None, "converged"]
     stall = Deterministic(tol=0.03)
     assert (
-        stall.observe(0.0, {"accepted": False, "step_size": 1e-13, "decrement": 1.0}) == "stalled"
+        stall.observe(0.0, {"accepted": False, "step_size": 1e-13, "decrement": 1.0}).stop
+        == "stalled"
     )
     at_round_off = Deterministic(tol=0.03)
     at_round_off.observe(0.0, info | {"decrement": 1e-4})
-    assert at_round_off.observe(0.0, {"accepted": False, "step_size": 1e-13}) == "converged"
+    assert at_round_off.observe(0.0, {"accepted": False, "step_size": 1e-13}).stop == "converged"
 
 
 def test_an_early_stop_must_pass_the_convergence_test():
@@ -192,15 +193,39 @@ def test_an_early_stop_must_pass_the_convergence_test():
     info = {"accepted": True, "step_size": 1.0}
     stalled = {"since_best": 10, "best_validation": 5.0}
     far = Deterministic(tol=0.03, patience=10)
-    assert far.observe(0.0, info | {"decrement": 4.0} | stalled) is None
+    assert far.observe(0.0, info | {"decrement": 4.0} | stalled).stop is None
     never_finite = Deterministic(tol=0.03, patience=10)
     blind = stalled | {"best_validation": np.inf}
-    assert never_finite.observe(0.0, info | {"decrement": 0.5} | blind) is None
+    assert never_finite.observe(0.0, info | {"decrement": 0.5} | blind).stop is None
     for decrement, decision in ((1e-4, "converged"), (0.01, "unverified")):
         early = Deterministic(tol=0.03, patience=10)
-        assert early.observe(0.0, info | {"decrement": 0.5} | stalled) == "overfitting"
+        assert early.observe(0.0, info | {"decrement": 0.5} | stalled).stop == "overfitting"
         early.verify()  # the method restored its best state: the next evaluation decides
-        assert early.observe(0.0, info | {"decrement": decrement}) == decision
+        assert early.observe(0.0, info | {"decrement": decrement}).stop == decision
+
+
+def test_controllers_answer_with_decisions_and_hold_nothing_of_the_fit():
+    """Every controller reads what it needs from the step's info and answers with a
+    Decision (the engine carries it out): no callable into the fit among its attributes, so
+    its state is its declared fields and the checkpoint holds all of it."""
+    from pymc_gpf.control import Decision, FixedSteps
+    from pymc_gpf.ensemble.control import SamplingControl
+
+    particles = np.random.default_rng(0).normal(size=(8, 2))
+    info = {
+        "accepted": True, "step_size": 1.0, "decrement": 1.0, "location": np.zeros(2),
+        "scale": np.ones(2), "params": [np.zeros(2)], "particles": particles,
+        "drift": -particles, "logp": np.zeros(8), "preconditioner": None, "mean_v": 0.0,
+        "mmd": 0.0, "bandwidth": 1.0,
+    }  # fmt: skip
+    controls = [
+        FixedSteps(0.1), Deterministic(0.03), Stochastic(0.03), SamplingControl(0.03, rate=0.1)
+    ]  # fmt: skip
+    for control in controls:
+        assert isinstance(control.observe(1.0, info), Decision)
+        assert set(control.reads) <= set(info)
+        assert not [k for k, v in vars(control).items() if callable(v)], type(control)
+        control.state()  # every attribute declared
 
 
 class _Iterate:
@@ -226,13 +251,18 @@ class _Iterate:
         return free_energy + 0.1 * self.rng.normal()
 
     def control(self, tol):
-        self.controller = Stochastic(
-            tol,
-            location=lambda: (np.array([self.x]), np.array([1.0])),
-            params=lambda: [np.array([self.x])],
-            set_params=lambda arrays: setattr(self, "averaged", float(arrays[0][0])),
-        )
+        self.controller = Stochastic(tol)
         return self.controller
+
+    def observe(self):
+        """One step, the controller's decision on it carried out; its stop code."""
+        free_energy = self.step()
+        x = np.array([self.x])
+        info = {"accepted": True, "location": x, "scale": np.array([1.0]), "params": [x]}
+        decision = self.controller.observe(free_energy, info)
+        if decision.params is not None:
+            self.averaged = float(decision.params[0][0])
+        return decision.stop
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -240,8 +270,8 @@ def test_the_stochastic_rule_stops_on_a_converged_fit_with_a_precise_average(see
     """Noisy stationary iterates: the rule stops, and the average it returns is within
     three of its stated errors (tol) of the fixed point."""
     run = _Iterate(noise=3.0, seed=seed)
-    control = run.control(tol=0.05)
-    stops = (control.observe(run.step(), {"accepted": True}) for _ in range(200_000))
+    run.control(tol=0.05)
+    stops = (run.observe() for _ in range(200_000))
     assert any(stop is not None for stop in stops)
     assert abs(run.averaged - run.target) < 3 * 0.05
 
@@ -259,7 +289,7 @@ def test_the_stochastic_rule_ends_on_an_unbiased_average(noise, largest_rate, se
     within 3 tol of the optimum."""
     run = _Iterate(noise=noise, curvature=0.9, seed=seed, start=0.5)
     control = run.control(tol=0.02)
-    stops = (control.observe(run.step(), {"accepted": True}) for _ in range(400_000))
+    stops = (run.observe() for _ in range(400_000))
     assert any(stop == "converged" for stop in stops)
     assert control.rate <= largest_rate
     assert abs(run.averaged - run.target) < 3 * 0.02
@@ -310,8 +340,8 @@ def test_the_stochastic_rule_does_not_stop_on_a_drifting_fit(seed):
     """A fixed point that keeps moving (the free energy keeps falling): no stop in 50 000
     steps."""
     run = _Iterate(noise=3.0, drift=0.01, seed=seed)
-    control = run.control(tol=0.05)
-    assert all(control.observe(run.step(), {"accepted": True}) is None for _ in range(50_000))
+    run.control(tol=0.05)
+    assert all(run.observe() is None for _ in range(50_000))
 
 
 def test_quiet_windows_whose_means_still_move_do_not_end_a_fit():
@@ -366,7 +396,7 @@ def test_a_quiet_fit_stops_on_its_window_average(seed):
     point (its own sd is 0.002)."""
     run = _Iterate(noise=0.01, seed=seed)
     control = run.control(tol=0.05)
-    stops = [control.observe(run.step(), {"accepted": True}) for _ in range(400)]
+    stops = [run.observe() for _ in range(400)]
     assert "converged" in stops and not control.averaging and control.rate == 0.5
     assert abs(run.averaged - run.target) < 0.05 / 4
 

@@ -46,13 +46,11 @@ from __future__ import annotations
 import math
 import statistics
 
-from collections.abc import Callable
-
 import numpy as np
 
 from arviz_stats.base import array_stats
 
-from pymc_gpf.control import Z_ONE_SIDED_5, Control, Saved
+from pymc_gpf.control import GO_ON, Z_ONE_SIDED_5, Control, Decision, Saved
 from pymc_gpf.ensemble import flow
 
 __all__ = [
@@ -63,6 +61,7 @@ __all__ = [
     "ensemble_preconditioner",
     "move_curvature",
     "outlying",
+    "outlying_restart",
 ]
 
 STEP_PER_CURVATURE = 0.1  # eta * L: at most 5 % excess variance on a Gaussian target
@@ -186,6 +185,17 @@ def outlying(potential: np.ndarray) -> np.ndarray:
     return ~(potential - median <= OUTLYING * spread)
 
 
+def outlying_restart(logp: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The particles that are :func:`outlying` in ``-logp`` and the ones whose state they
+    take: the best as many, the worst from the best; ``None`` when none is."""
+    far = outlying(-logp)
+    if not far.any():  # never all: the median is not far above itself
+        return None
+    best = np.argsort(-logp)[: int(far.sum())]
+    worst = np.flatnonzero(far)[np.argsort(logp[far])]
+    return worst, best
+
+
 def accuracy_ess(ndim: int, accuracy: float = MEAN_ACCURACY) -> int:
     """The ESS at which the largest Monte Carlo error of ``ndim`` posterior means stays below
     ``accuracy`` posterior sds with 95 % probability: ``(z / accuracy)^2`` with ``z`` the
@@ -272,13 +282,13 @@ def _window_stats(values: list[float]) -> tuple[float, float]:
 class SamplingControl(Control):
     """Burn-in, step-size adaptation, draws and the convergence test of a Langevin ensemble.
 
-    ``particles()`` returns the current particles ``(N, D)`` and their drift; ``rate`` is
-    the step size (multiplied by ``minibatch_fraction`` once burn-in ends), which the engine
-    writes into the compiled step; ``preconditioner(values)`` sets the
-    preconditioner ``(diagonal, factor)`` and returns it (``None``: no preconditioning).
-    ``adapt=False`` keeps a fixed ``learning_rate``. Every step's mean ``V`` and MMD term are
-    kept in :attr:`trace` with the kernel's bandwidth (the ``fit`` group's ``mean_v``, ``mmd``
-    and ``bandwidth``).
+    It reads the current ``particles`` ``(N, D)``, their ``drift`` and ``logp``, and the
+    ``preconditioner`` ``(diagonal, factor)`` (``None``: no preconditioning); its decisions
+    re-estimate the preconditioner and restart outlying particles during burn-in. ``rate``
+    is the step size (multiplied by ``minibatch_fraction`` once burn-in ends), which the
+    engine writes into the compiled step. ``adapt=False`` keeps a fixed ``learning_rate``.
+    Every step's mean ``V`` and MMD term are kept in :attr:`trace` with the kernel's
+    bandwidth (the ``fit`` group's ``mean_v``, ``mmd`` and ``bandwidth``).
     """
 
     saved = (
@@ -287,18 +297,15 @@ class SamplingControl(Control):
         "reestimate", "rejections", "restarted", "rhat", "rhat_excess", "shrink", "steps", "store",
         "target_ess", "trace", "values", "window",
     )  # fmt: skip
-    hooks = ("_particles", "_preconditioner", "_restart_outliers")
 
     kind = "sampling"
+    reads = ("particles", "drift", "logp", "preconditioner")
 
     def __init__(
         self,
         tol: float | None,
         *,
-        particles: Callable[[], np.ndarray],
         rate: float,
-        preconditioner: Callable | None = None,
-        restart_outliers: Callable[[], int] | None = None,
         minibatch_fraction: float = 1.0,
         adapt: bool = True,
         thin: int = 1,
@@ -308,9 +315,6 @@ class SamplingControl(Control):
         max_rejections: int = 30,
     ):
         super().__init__(tol)
-        self._particles = particles
-        self._preconditioner = preconditioner
-        self._restart_outliers = restart_outliers
         self.restarted = 0  # particles restarted during burn-in (:func:`outlying`)
         self.minibatch_fraction = minibatch_fraction
         self.rate, self.adapt, self.target_ess = rate, adapt, target_ess
@@ -340,34 +344,37 @@ class SamplingControl(Control):
             self.rejections += 1
             self.rate /= 4.0
             self.shrink /= 4.0
-            return "stalled" if self.rejections >= self.max_rejections else None
+            return Decision("stalled" if self.rejections >= self.max_rejections else None)
         self.rejections = 0
         self.steps += 1
         if self.burn_in is None:
-            return self._burn(float(free_energy))
-        if self.store.add(self.steps - self.burn_in, self._particles()[0]):
-            return self._check()
-        return None
+            return self._burn(float(free_energy), info)
+        if self.store.add(self.steps - self.burn_in, info["particles"]):
+            return Decision(self._check())
+        return GO_ON
 
-    def _burn(self, value: float) -> None:
+    def _burn(self, value: float, info: dict) -> Decision:
         self.values.append(value)
-        if self.adapt and self._restart_outliers is not None:
-            restarted = self._restart_outliers()
-            if restarted:
-                self.restarted += restarted
-                # a restarted particle's jump is no move of the chain, and the window's
-                # values so far are the outlier's (V ~ 1e117 would hide any later trend)
-                self.last, self.values = None, []
-        particles, drift = self._particles()
+        particles, drift, metric = info["particles"], info["drift"], info["preconditioner"]
+        restart = outlying_restart(info["logp"]) if self.adapt else None
+        if restart is not None:
+            worst, best = restart
+            particles, drift = np.array(particles), np.array(drift)
+            particles[worst], drift[worst] = particles[best], drift[best]
+            self.restarted += len(worst)
+            # a restarted particle's jump is no move of the chain, and the window's
+            # values so far are the outlier's (V ~ 1e117 would hide any later trend)
+            self.last, self.values = None, []
         self.recent = [*self.recent[-(BURN_IN_KEPT - 1) :], np.array(particles)]
         window_ends = len(self.values) == self.window
-        if self.adapt and self._preconditioner is not None and self.reestimate:
+        reestimated = None
+        if self.adapt and metric is not None and self.reestimate:
             self.deviations.append(particles - particles.mean(axis=0))
             if window_ends:
-                self._preconditioner(ensemble_preconditioner(self.deviations))
+                metric = reestimated = ensemble_preconditioner(self.deviations)
                 self.deviations = []
+        decision = Decision(preconditioner=reestimated, restart=restart)
         if self.adapt:
-            metric = self._preconditioner() if self._preconditioner is not None else None
             self.curvature = curvature(particles, drift, metric)
             # on minibatches the drift of the last step saw other rows: its change is noise
             if self.last is not None and self.minibatch_fraction == 1:
@@ -377,14 +384,14 @@ class SamplingControl(Control):
             if np.isfinite(self.curvature) and self.curvature > 0:
                 self.rate = self.shrink * STEP_PER_CURVATURE / self.curvature
         if not window_ends:
-            return None
+            return decision
         previous, self.previous = self.previous, _window_stats(self.values)
         if self.steps >= self.min_burn_in and not _falling(previous, self.previous):
             self.burn_in = self.steps
             if self.adapt and self.minibatch_fraction < 1:
                 self.rate *= self.minibatch_fraction
         self.values = []
-        return None
+        return decision
 
     @property
     def draws(self) -> list[np.ndarray]:

@@ -21,7 +21,6 @@ from pymc_gpf.ensemble.control import (
     RIDGE,
     SamplingControl,
     accuracy_ess,
-    outlying,
 )
 from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
@@ -352,12 +351,6 @@ class Ensemble(FlowInference):
         rate = 0.1 * spread if auto else options.learning_rate[0]
         return SamplingControl(
             options.tol,
-            particles=lambda: (
-                self.approx.state.particles.get_value(),
-                self.approx.state.drift.get_value(),
-            ),
-            preconditioner=self.approx.preconditioner if self._preconditioned(options) else None,
-            restart_outliers=self._restart_outliers,
             minibatch_fraction=self.target.minibatch_fraction,
             rate=rate,
             adapt=auto,
@@ -365,22 +358,35 @@ class Ensemble(FlowInference):
             target_ess=self._target_ess(),
         )
 
-    def _restart_outliers(self) -> int:
-        """Burn-in: particles far above the others in ``V`` (:func:`outlying`) take the state
-        (position, ``log p``, drift) of the best ones, the worst from the best; their
-        number."""
-        state = self.approx.state
-        logp = np.asarray(state.logp.get_value())
-        far = outlying(-logp)
-        if not far.any():  # never all: the median is not far above itself
-            return 0
-        best = np.argsort(-logp)[: int(far.sum())]
-        worst = np.flatnonzero(far)[np.argsort(logp[far])]
-        for shared in (state.particles, state.logp, state.drift):
-            values = np.array(shared.get_value())  # a copy: JAX's arrays are immutable
-            values[worst] = values[best]
-            shared.set_value(values)
-        return len(worst)
+    def observation(self) -> dict:
+        """The particles, their drift and log-density, and the preconditioner (``None``
+        when the fit has none) for :class:`SamplingControl`."""
+        out = super().observation()
+        if isinstance(self.control, SamplingControl):
+            state = self.approx.state
+            out |= {
+                "particles": state.particles.get_value(),
+                "drift": state.drift.get_value(),
+                "logp": np.asarray(state.logp.get_value()),
+                "preconditioner": (
+                    self.approx.preconditioner() if self._preconditioned(self.fit_options) else None
+                ),
+            }
+        return out
+
+    def _apply(self, decision) -> None:
+        """Besides q's parameters: the re-estimated preconditioner, and the restart of
+        outlying particles from the state (position, ``log p``, drift) of the best ones."""
+        super()._apply(decision)
+        if decision.preconditioner is not None:
+            self.approx.preconditioner(decision.preconditioner)
+        if decision.restart is not None:
+            worst, best = decision.restart
+            state = self.approx.state
+            for shared in (state.particles, state.logp, state.drift):
+                values = np.array(shared.get_value())  # a copy: JAX's arrays are immutable
+                values[worst] = values[best]
+                shared.set_value(values)
 
     def _target_ess(self) -> int:
         """``"auto"``: :func:`~pymc_gpf.ensemble.control.accuracy_ess` of ``D``; on
