@@ -43,7 +43,7 @@ from pymc_gpf.options import (
 )
 from pymc_gpf.record import FitRecord
 from pymc_gpf.stepgraph import compile_step
-from pymc_gpf.target import BatchedTarget
+from pymc_gpf.target import batched_target
 from pymc_gpf.verdict import (
     FAMILY_LIMITED,
     NOT_CONVERGED,
@@ -120,7 +120,7 @@ class FlowInference(Inference):
             self.config = self.Config(**options)
         elif options:
             raise TypeError(f"{type(self).__name__} got unexpected keywords {sorted(options)}")
-        self.target = BatchedTarget(model)
+        self.target = batched_target(model)
         self.target.row_sharding = row_sharding(devices)
         self.record = FitRecord()  # the trace, step sizes, outcome and cost of all fits
         self.control: Control | None = None

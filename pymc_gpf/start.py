@@ -22,7 +22,7 @@ def check_start(target: BatchedTarget, centre: np.ndarray) -> None:
     starting point, found before anything is compiled for the fit (a function compiled
     without C code, in tens of milliseconds)."""
     point = target.point(centre)
-    if np.isfinite(target.model.compile_logp(mode="FAST_COMPILE")(point)):
+    if np.isfinite(target.check_logp()(point)):
         return
     terms = target.explain_nonfinite(centre)
     names = [c.rv_name for c in target.coordinates]

@@ -9,6 +9,7 @@ one PyTensor graph, built by vectorising the model's logp graph over the leading
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 from collections.abc import Callable
@@ -24,8 +25,12 @@ import pytensor.tensor as pt
 from pymc.data import MinibatchOp
 from pymc.initial_point import make_initial_point_fn
 from pymc.model.fgraph import fgraph_from_model, model_from_fgraph
+from pymc.pytensorf import (
+    collect_default_updates,
+    join_nonshared_inputs,
+    resolve_backend_compile_kwargs,
+)
 from pymc.pytensorf import compile as compile_pymc
-from pymc.pytensorf import join_nonshared_inputs, resolve_backend_compile_kwargs
 from pymc.util import get_default_varnames, get_untransformed_name, is_transformed_name
 from pymc.variational.minibatch_rv import MinibatchRandomVariable
 from pytensor.compile.ops import ViewOp
@@ -42,12 +47,14 @@ from pytensor.tensor.type import discrete_dtypes
 from pymc_gpf.errors import InitialPointError, ModelNotSupportedError
 from pymc_gpf.jaxlink import shard_rows, sync_generators, whole_on_every_host
 from pymc_gpf.linker import quick_c_mode
+from pymc_gpf.reuse import reuse_or_compile
 from pymc_gpf.rewrites import batched_graph, with_rewrites
 
 __all__ = [
     "QUICK_C",
     "BatchedTarget",
     "Coordinates",
+    "batched_target",
     "compile_function",
     "compile_kwargs_for",
     "configured_backend",
@@ -150,15 +157,48 @@ def compile_function(
         outputs, updates = whole_on_every_host([outputs] if single else list(outputs),
                                                dict(kwargs.pop("updates", None) or {}))  # fmt: skip
         outputs, kwargs["updates"] = (outputs[0] if single else outputs), updates
+
+    def compile():
+        options = compile_kwargs_for(backend, compile_kwargs)
+        return compile_pymc(inputs, outputs, **options, **kwargs)
+
+    # a kept function copied onto new shared variables is linked again: under the same flags
     with pytensor.config.change_flags(numba__fastmath=False), warnings.catch_warnings():
         # the JAX linker's copies of the generators are kept in step (sync_generators)
         warnings.filterwarnings("ignore", "The RandomType SharedVariables", UserWarning)
         # pip installs: PyTensor's C code then calls BLAS through NumPy's C API (NumPy's own
         # BLAS); the quick_c and numba backends do not need the link it warns about
         warnings.filterwarnings("ignore", "PyTensor could not link to a BLAS", UserWarning)
-        fn = compile_pymc(inputs, outputs, **compile_kwargs_for(backend, compile_kwargs), **kwargs)
+        key = _reuse_key(inputs, outputs, backend, compile_kwargs, kwargs)
+        if key is None:
+            fn = compile()
+        else:
+            fn = reuse_or_compile(key, inputs, outputs, kwargs.get("updates"), compile)
     _warn_looped(fn)
     return sync_generators(fn)
+
+
+def _reuse_key(inputs, outputs, backend, compile_kwargs, kwargs) -> tuple | None:
+    """What besides the graph decides how :func:`compile_function` compiles it, for
+    :func:`pymc_gpf.reuse.reuse_or_compile`; ``None`` where a kept function may not be
+    reused: on JAX (compiled per shape, generators synchronised), with the user's
+    ``compile_kwargs``, or where compiling reseeds the graph's generators."""
+    if backend == "jax" or compile_kwargs:
+        return None
+    extra = {k: v for k, v in kwargs.items() if k != "updates"}
+    if extra.get("random_seed") is not False and collect_default_updates(
+        inputs=inputs, outputs=outputs if isinstance(outputs, list | tuple) else [outputs]
+    ):
+        return None
+    try:
+        check_bounds = pm.modelcontext(None).check_bounds
+    except TypeError:
+        check_bounds = True
+    flags = pytensor.config
+    return (
+        backend, check_bounds, flags.floatX, str(flags.mode), flags.linker, flags.optimizer,
+        flags.cxx, repr(sorted(extra.items())),
+    )  # fmt: skip
 
 
 def _warn_looped(fn) -> None:
@@ -469,6 +509,38 @@ class BatchedTarget(_FlatLayout):
         [logp], self._flat = join_nonshared_inputs(self._point, [model.logp()], self.value_vars)
         self._rngs = _own_generators(logp)
         self._logp = graph_replace([logp], self._rngs, strict=False)[0] if self._rngs else logp
+        # graphs and functions built once for this state of the model, shared by the
+        # targets of later fits (:func:`batched_target`)
+        self._memo: dict = {}
+
+    @property
+    def reusable(self) -> bool:
+        """Whether a later fit of the same model may share this target's graphs: not with
+        minibatches, whose generators are each fit's own (their states are saved with it)."""
+        return not self._rngs
+
+    def check_logp(self) -> Callable:
+        """PyMC's own log-density of a point, compiled without C code (for
+        :func:`pymc_gpf.start.check_start`)."""
+        if "check_logp" not in self._memo:
+            self._memo["check_logp"] = self.model.compile_logp(mode="FAST_COMPILE")
+        return self._memo["check_logp"]
+
+    def _batched(self, rows: Variable, what: str, gradient: bool) -> list[Variable]:
+        """The log-density (and gradient) of every row of ``rows``, vectorised once per type
+        of ``rows`` and then copied onto it (vectorising is most of a fit's graph
+        building)."""
+        key = (rows.type, what, gradient)
+        if key not in self._memo:
+            placeholder = rows.type()
+            batched = _try_vectorize([self._logp], self._flat, placeholder, what)
+            if batched is not None and gradient:
+                batched = [batched[0], pytensor.grad(batched[0].sum(), placeholder)]
+            self._memo[key] = placeholder, batched
+        placeholder, batched = self._memo[key]
+        if batched is None:
+            return None
+        return graph_replace(batched, {placeholder: rows}, strict=True)
 
     def seed(self, seed: np.random.SeedSequence) -> None:
         """Seed the generators the log-density draws from (minibatch rows)."""
@@ -492,6 +564,10 @@ class BatchedTarget(_FlatLayout):
         """Per-row log-density ``(N,)``, its gradient ``(N, D)``, and ``d sum(logp)/d wrt``;
         each row evaluated on the device holding it when :attr:`row_sharding` is set."""
         rows = shard_rows(particles, self.row_sharding)
+        if rows is particles and not wrt:
+            batched = self._batched(particles, "log-density", gradient=True)
+            if batched is not None:
+                return batched[0], batched[1], []
         batched = _try_vectorize([self._logp], self._flat, rows, "log-density")
         if batched is not None:
             grads = pytensor.grad(batched[0].sum(), [particles, *wrt])
@@ -513,6 +589,10 @@ class BatchedTarget(_FlatLayout):
         scaling then becomes 1)."""
         graph = self._full_data_logp if full_data else self._logp
         rows = shard_rows(points, self.row_sharding)
+        if graph is self._logp and rows is points:
+            batched = self._batched(points, "log-density", gradient=False)
+            if batched is not None:
+                return batched[0]
         [logp] = vectorize_rows([graph], self._flat, rows, what="log-density")
         return logp
 
@@ -604,6 +684,48 @@ class BatchedTarget(_FlatLayout):
             backend,
             compile_kwargs,
         )
+
+
+# the models whose targets are kept (the most recently fitted), each held by its target (so
+# its id is not reused while it is kept)
+MAX_TARGETS = 8
+_TARGETS: dict[int, tuple[tuple, BatchedTarget]] = {}
+
+
+def batched_target(model: pm.Model | None = None) -> BatchedTarget:
+    """The model's :class:`BatchedTarget`, its graphs and functions built once while the
+    model stays as it is (its variables, transforms, initial values, ``check_bounds``): a
+    later fit gets a copy of its own (e.g. its ``row_sharding``) sharing them. With
+    minibatches each fit builds its own (:attr:`BatchedTarget.reusable`)."""
+    model = pm.modelcontext(model)
+    signature = _model_signature(model)
+    kept = _TARGETS.pop(id(model), None)
+    if kept is None or kept[0] != signature:
+        kept = signature, BatchedTarget(model)
+        if not kept[1].reusable:
+            return kept[1]
+    _TARGETS[id(model)] = kept  # the most recent last
+    for stale in list(_TARGETS)[:-MAX_TARGETS]:
+        del _TARGETS[stale]
+    return copy.copy(kept[1])
+
+
+def _model_signature(model: pm.Model) -> tuple:
+    """What a model's batched target is built from, that a user may change between fits."""
+    initial = tuple(
+        (id(rv), value.shape, value.tobytes()) if isinstance(value, np.ndarray) else
+        (id(rv), repr(value))
+        for rv, value in model.rvs_to_initial_values.items()
+    )  # fmt: skip
+    return (
+        tuple((name, id(var)) for name, var in model.named_vars.items()),
+        tuple(id(v) for v in model.value_vars),
+        tuple((id(rv), id(t)) for rv, t in model.rvs_to_transforms.items()),
+        tuple(id(p) for p in model.potentials),
+        initial,
+        model.check_bounds,
+        pytensor.config.floatX,
+    )
 
 
 def untransformed_name(name: str) -> str:
