@@ -711,7 +711,8 @@ def batched_target(model: pm.Model | None = None) -> BatchedTarget:
 
 
 def _model_signature(model: pm.Model) -> tuple:
-    """What a model's batched target is built from, that a user may change between fits."""
+    """What a model's batched target is built from, that a user may change between fits
+    (the shapes of its data and dimensions: a free variable's shape may follow them)."""
     initial = tuple(
         (id(rv), value.shape, value.tobytes()) if isinstance(value, np.ndarray) else
         (id(rv), repr(value))
@@ -722,6 +723,12 @@ def _model_signature(model: pm.Model) -> tuple:
         tuple(id(v) for v in model.value_vars),
         tuple((id(rv), id(t)) for rv, t in model.rvs_to_transforms.items()),
         tuple(id(p) for p in model.potentials),
+        tuple(np.shape(v.get_value(borrow=True)) for v in model.data_vars),
+        tuple(
+            np.asarray(v.get_value(borrow=True)).tolist()
+            for v in model.dim_lengths.values()
+            if isinstance(v, SharedVariable)
+        ),
         initial,
         model.check_bounds,
         pytensor.config.floatX,

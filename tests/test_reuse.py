@@ -86,3 +86,18 @@ def test_a_changed_model_is_built_afresh():
     assert "extra" in q
     np.testing.assert_allclose(float(q["extra"].mean()), 1.0, atol=0.05)
     np.testing.assert_allclose(float(q["extra"].std()), 0.5, rtol=0.1)
+
+
+def test_a_fit_after_the_data_changed_shape_has_the_new_dimension():
+    """``theta_g ~ N(0, 1)``, ``y_g ~ N(theta_g, 1)``, one per group: the posterior of each is
+    ``N(y_g / 2, 1/2)``, for the three groups and then for the five that ``set_data`` makes."""
+    with pm.Model(coords={"group": range(3)}) as model:
+        y = pm.Data("y", np.zeros(3), dims="group")
+        theta = pm.Normal("theta", 0.0, 1.0, dims="group")
+        pm.Normal("obs", theta, 1.0, observed=y, dims="group")
+    _fit(model)
+    with model:
+        pm.set_data({"y": np.arange(5.0)}, coords={"group": range(5)})
+    q = _fit(model).gaussian()
+    np.testing.assert_allclose(q.mean, np.arange(5.0) / 2, atol=0.03)
+    np.testing.assert_allclose(q.marginal_variances(), 0.5, rtol=0.05)
