@@ -299,7 +299,6 @@ class SamplingControl(Control):
     )  # fmt: skip
 
     kind = "sampling"
-    reads = ("particles", "drift", "logp", "preconditioner")
 
     def __init__(
         self,
@@ -336,6 +335,14 @@ class SamplingControl(Control):
         # spread is the start's, not the posterior's)
         self.reestimate = True
         self.converged = False  # the last convergence check passed
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """Burn-in adapts the step, preconditioner and outliers from the whole ensemble;
+        after it only the particles are drawn from (no copies of the rest every step)."""
+        if self.burn_in is None:
+            return ("particles", "drift", "logp", "preconditioner")
+        return ("particles",)
 
     def observe(self, free_energy, info):
         for key, values in self.trace.items():

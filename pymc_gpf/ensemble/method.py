@@ -359,20 +359,21 @@ class Ensemble(FlowInference):
         )
 
     def observation(self) -> dict:
-        """The particles, their drift and log-density, and the preconditioner (``None``
-        when the fit has none) for :class:`SamplingControl`."""
+        """What :class:`SamplingControl` reads now: the particles, and during burn-in their
+        drift and log-density and the preconditioner (``None`` when the fit has none)."""
         out = super().observation()
-        if isinstance(self.control, SamplingControl):
-            state = self.approx.state
-            out |= {
-                "particles": state.particles.get_value(),
-                "drift": state.drift.get_value(),
-                "logp": np.asarray(state.logp.get_value()),
-                "preconditioner": (
-                    self.approx.preconditioner() if self._preconditioned(self.fit_options) else None
-                ),
-            }
-        return out
+        if not isinstance(self.control, SamplingControl):
+            return out
+        state, reads = self.approx.state, self.control.reads
+        fields = {
+            "particles": state.particles.get_value,
+            "drift": state.drift.get_value,
+            "logp": lambda: np.asarray(state.logp.get_value()),
+            "preconditioner": lambda: (
+                self.approx.preconditioner() if self._preconditioned(self.fit_options) else None
+            ),
+        }
+        return out | {name: read() for name, read in fields.items() if name in reads}
 
     def _apply(self, decision) -> None:
         """Besides q's parameters: the re-estimated preconditioner, and the restart of
