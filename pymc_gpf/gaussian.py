@@ -46,12 +46,17 @@ class GaussianQ:
     ``ridge=lam`` then gives the proper Gaussian ``N(m, C + lam (I - P))``, ``P`` the projector
     on ``C``'s range: the fitted directions unchanged and variance ``lam`` in the ``D_b - r_b``
     missing ones (with ``lam = 1`` its entropy is the regularised one of the free energy).
+
+    ``coupling`` ``C`` ``(D_1, K_0)`` adds ``C xi_0`` to block 1 (``xi_0`` block 0's standard
+    normals): the arrow factor ``[[F_0, 0], [C, diag(F_1)]]`` of GF's hierarchical
+    structure, whose block 0 is square and of full rank.
     """
 
     mean: np.ndarray
     blocks: tuple[np.ndarray, ...]
     factors: tuple[np.ndarray, ...]
     ridge: float | None = None
+    coupling: np.ndarray | None = None
 
     @cached_property
     def _bases(self) -> tuple[_Basis | None, ...]:
@@ -101,26 +106,35 @@ class GaussianQ:
         out = np.empty(self.ndim, dtype=self.mean.dtype)
         for b, f in zip(self.blocks, self.factors, strict=True):
             out[b] = np.square(f) if f.ndim == 1 else np.sum(np.square(f), axis=1)
+        if self.coupling is not None:
+            out[self.blocks[1]] += np.sum(np.square(self.coupling), axis=1)
         return out
 
     def with_ridge(self, ridge: float) -> GaussianQ:
-        return GaussianQ(self.mean, self.blocks, self.factors, float(ridge))
+        return GaussianQ(self.mean, self.blocks, self.factors, float(ridge), self.coupling)
 
     def widened(self, factor: float) -> GaussianQ:
         """The same Gaussian with ``factor`` times its standard deviations."""
         ridge = None if self.ridge is None else self.ridge * factor**2
-        return GaussianQ(self.mean, self.blocks, tuple(f * factor for f in self.factors), ridge)
+        coupling = None if self.coupling is None else self.coupling * factor
+        factors = tuple(f * factor for f in self.factors)
+        return GaussianQ(self.mean, self.blocks, factors, ridge, coupling)
 
     # ----------------------------------------------------------------------- draws
     def sample(self, draws: int, rng: np.random.Generator) -> np.ndarray:
         """``(draws, D)``: ``m_b + F_b xi`` per block, ``xi ~ N(0, I_{K_b})`` (eq. 16 for
         GPF), plus ``sqrt(ridge)`` times noise projected off C's range."""
         out = np.empty((draws, self.ndim), dtype=self.mean.dtype)
+        first = None
         for b, f in zip(self.blocks, self.factors, strict=True):
             if f.ndim == 1:
                 out[:, b] = self.mean[b] + rng.standard_normal((draws, len(b))) * f
             else:
-                out[:, b] = self.mean[b] + rng.standard_normal((draws, f.shape[1])) @ f.T
+                xi = rng.standard_normal((draws, f.shape[1]))
+                out[:, b] = self.mean[b] + xi @ f.T
+                first = xi if first is None else first
+        if self.coupling is not None:
+            out[:, self.blocks[1]] += first @ self.coupling.T
         if self.ridge is not None:
             for b, basis in zip(self.blocks, self._bases, strict=True):
                 if basis is not None and basis.u.shape[1] < len(b):
@@ -135,6 +149,10 @@ class GaussianQ:
         ridge: the density on its affine support (w.r.t. Lebesgue measure there), ``-inf``
         off it. ``O(S D r)``."""
         dev = np.atleast_2d(points) - self.mean
+        if self.coupling is not None:  # block 1 given block 0's standard normals
+            dev = dev.copy()
+            xi = np.linalg.solve(self.factors[0], dev[:, self.blocks[0]].T).T
+            dev[:, self.blocks[1]] -= xi @ self.coupling.T
         total = np.zeros(len(dev))
         for b, f, basis in zip(self.blocks, self.factors, self._bases, strict=True):
             x = dev[:, b]

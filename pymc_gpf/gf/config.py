@@ -19,7 +19,7 @@ class GFConfig(MethodConfig):
 
     rank: int | None = None
     draws_per_step: int | str = AUTO
-    structure: str | Sequence[Sequence[str]] = "full"
+    structure: str | Sequence[Sequence[str]] = AUTO
     natural_mean: bool | None = None
     init: str = "initial_point"
     init_scale: float = 0.1

@@ -6,7 +6,7 @@ import warnings
 
 from collections.abc import Sequence
 from dataclasses import replace
-from functools import cached_property
+from functools import cached_property, partial
 from typing import ClassVar
 
 import numpy as np
@@ -23,11 +23,18 @@ from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gf import flow, step
 from pymc_gpf.gf.config import GFConfig
-from pymc_gpf.gf.parameters import MAX_ROTATION_DIM, check_rank, draw_pairs, initial_factors
+from pymc_gpf.gf.parameters import (
+    MAX_ROTATION_DIM,
+    automatic_structure,
+    check_rank,
+    draw_pairs,
+    initial_factors,
+    standardised_pairs,
+)
 from pymc_gpf.options import AUTO, FitOptions, resolve_natural_mean
 from pymc_gpf.start import initial_centre
 from pymc_gpf.stepgraph import StepGraph, share, share_transform, standard_normal
-from pymc_gpf.structure import Structure, parse_structure
+from pymc_gpf.structure import Structure, find_locals, parse_structure
 
 __all__ = ["GF", "GFApproximation", "fit_inside"]
 
@@ -68,6 +75,11 @@ class GFApproximation(GaussianApproximation):
         ``cov = factor @ factor.T``."""
         if self.structure.diagonal:
             return np.diag(self.factors[0])
+        if self.structure.hierarchical:  # the arrow, D x D
+            (lower, coupling, scales), (g, loc) = self.factors, self.structure.blocks
+            out = np.zeros((self.target.ndim, self.target.ndim), dtype=self.target.dtype)
+            out[np.ix_(g, g)], out[np.ix_(loc, g)], out[loc, loc] = lower, coupling, scales
+            return out
         ranks = [f.shape[1] for f in self.factors]
         out = np.zeros((self.target.ndim, sum(ranks)), dtype=self.target.dtype)
         offsets = np.cumsum([0, *ranks])
@@ -85,6 +97,13 @@ class GFApproximation(GaussianApproximation):
         """Marginal standard deviations ``sqrt(diag(Gamma Gamma^T))``, a PyTensor expression."""
         if self.structure.diagonal:
             return pt.abs(self.shared_factors[0])
+        if self.structure.hierarchical:
+            lower, coupling, scales = self.shared_factors
+            g, loc = self.structure.blocks
+            out = pt.zeros((self.target.ndim,), dtype=self.target.dtype)
+            out = pt.set_subtensor(out[g], pt.sqrt(pt.sum(pt.square(lower), axis=1)))
+            local = pt.sum(pt.square(coupling), axis=1) + pt.square(scales)
+            return pt.set_subtensor(out[loc], pt.sqrt(local))
         out = pt.zeros((self.target.ndim,), dtype=self.target.dtype)
         for f, b in zip(self.shared_factors, self.structure.blocks, strict=True):
             out = pt.set_subtensor(out[b], pt.sqrt(pt.sum(pt.square(f), axis=1)))
@@ -97,6 +116,13 @@ class GFApproximation(GaussianApproximation):
         if self.structure.diagonal:
             return pt.diag(pt.square(self.shared_factors[0]))
         d = self.target.ndim
+        if self.structure.hierarchical:
+            (lower, coupling, scales), (g, loc) = self.shared_factors, self.structure.blocks
+            arrow = pt.zeros((d, d), dtype=self.target.dtype)
+            arrow = pt.set_subtensor(arrow[np.ix_(g, g)], lower)
+            arrow = pt.set_subtensor(arrow[np.ix_(loc, g)], coupling)
+            arrow = pt.set_subtensor(arrow[loc, loc], scales)
+            return pt.dot(arrow, arrow.T)
         out = pt.zeros((d, d), dtype=self.target.dtype)
         for f, b in zip(self.shared_factors, self.structure.blocks, strict=True):
             out = pt.set_subtensor(out[np.ix_(b, b)], pt.dot(f, f.T))
@@ -112,16 +138,27 @@ class GFApproximation(GaussianApproximation):
 
     def gaussian(self) -> GaussianQ:
         """The fitted ``q = N(mu, Gamma Gamma^T)`` (NumPy; degenerate when ``K < D``)."""
-        return GaussianQ(self.shared_mean.get_value(), tuple(self._blocks()), tuple(self.factors))
+        mean = self.shared_mean.get_value()
+        if self.structure.hierarchical:
+            lower, coupling, scales = self.factors
+            return GaussianQ(mean, self.structure.blocks, (lower, scales), coupling=coupling)
+        return GaussianQ(mean, tuple(self._blocks()), tuple(self.factors))
 
     def _method_group(self) -> xr.Dataset:
         labels = np.asarray(self.target.labels)
-        std = np.empty(self.target.ndim, dtype=self.target.dtype)
-        for f, b in zip(self.factors, self._blocks(), strict=True):
-            std[b] = np.abs(f) if f.ndim == 1 else np.sqrt(np.sum(f**2, axis=1))
+        std = np.sqrt(self.gaussian().marginal_variances())
         data = {"mean": ("coordinate", self.shared_mean.get_value()), "std": ("coordinate", std)}
         coords = {"coordinate": labels}
-        if not self.structure.diagonal:
+        if self.structure.hierarchical:
+            lower, coupling, scales = self.factors
+            g, loc = self.structure.blocks
+            data |= {
+                "global_factor": (("global_coordinate", "global_rank"), lower),
+                "coupling": (("local_coordinate", "global_rank"), coupling),
+                "local_scale": ("local_coordinate", scales),
+            }
+            coords |= {"global_coordinate": labels[g], "local_coordinate": labels[loc]}
+        elif not self.structure.diagonal:
             factors = self.factors
             if len(factors) == 1:
                 data["factor"] = (("coordinate", "rank"), factors[0])
@@ -163,7 +200,14 @@ class GF(FlowInference):
         Called ``n_samples`` before 0.2 (still accepted, with a warning).
     structure
         ``"full"``, ``"diagonal"`` (mean field), ``"variables"`` (one block per free
-        variable) or a list of lists of variable names (block-diagonal, §3.5).
+        variable), a list of lists of variable names (block-diagonal, §3.5), or
+        ``"hierarchical"``: the free variables whose coordinates do not interact given
+        the rest (a hierarchical model's group effects) are locals, the others globals, and
+        the factor is the arrow ``[[L, 0], [C, diag(s)]]``, ``O(D G)`` memory and work per
+        draw for ``G`` globals. It holds the full-rank optimum (whose precision has the
+        posterior Hessian's arrow pattern) and needs the automatic step size.
+        ``"auto"`` (default): ``"hierarchical"`` above ``D = 64`` where the model has locals
+        and at most 200 globals, else ``"full"``.
     natural_mean
         Precondition the mean step by ``Gamma Gamma^T``. Default: on with the automatic
         step size (where both steps are natural-gradient steps,
@@ -195,7 +239,7 @@ class GF(FlowInference):
         rank: int | None = None,
         *,
         draws_per_step: int | str = AUTO,
-        structure: str | Sequence[Sequence[str]] = "full",
+        structure: str | Sequence[Sequence[str]] = AUTO,
         natural_mean: bool | None = None,
         init: str = "initial_point",
         init_scale: float = 0.1,
@@ -211,12 +255,33 @@ class GF(FlowInference):
 
     def _initialise(self) -> GFApproximation:
         config, d = self.config, self.target.ndim
-        self.structure = parse_structure(config.structure, self.target)
+        mean = initial_centre(self.target, self._start, config.init, self._init_rng)
+        find = partial(self._find_locals, mean)
+        if config.structure == AUTO:
+            self.structure = automatic_structure(self.target, find)
+        else:
+            self.structure = parse_structure(config.structure, self.target, find)
         rank = check_rank(config.rank, self.structure, d)
         self.resolved = replace(config, rank=rank)
-        mean = initial_centre(self.target, self._start, config.init, self._init_rng)
         factors = initial_factors(self.structure, rank, config.init_scale, d, self.target.dtype)
         return GFApproximation(self, mean.astype(self.target.dtype), factors)
+
+    def _find_locals(self, centre: np.ndarray) -> Structure | None:
+        """The hierarchical structure of the model (:func:`pymc_gpf.structure.find_locals`),
+        probed once per model with gradients compiled without C code."""
+        memo, target = self.target._memo, self.target
+
+        def grads(points: np.ndarray) -> np.ndarray:
+            if "gradient (FAST_COMPILE)" not in memo:
+                rows = pt.matrix("rows", dtype=target.dtype)
+                _, grad, _ = target.logp_and_grads(rows)
+                fn = pytensor.function([rows], grad, mode="FAST_COMPILE")
+                memo["gradient (FAST_COMPILE)"] = fn
+            return memo["gradient (FAST_COMPILE)"](points)
+
+        if "hierarchical" not in memo:
+            memo["hierarchical"] = find_locals(target, grads, centre, np.random.default_rng(0))
+        return memo["hierarchical"]
 
     def _narrow_start(self, factor: float) -> bool:
         for f in self.approx.shared_factors:
@@ -242,6 +307,8 @@ class GF(FlowInference):
         """The automatic step's spherical-radial rules: ``(R, r, K)``, ``K`` the total rank
         of the factors (mean field: ``D``), ``R`` rules of ``r`` directions each."""
         rank = sum(f.shape[-1] for f in self.approx.factors)
+        if self.structure.hierarchical:  # a rule in the globals and one local
+            rank = len(self.structure.blocks[0]) + 1
         pairs = draw_pairs(self.config.draws_per_step, rank)
         return (*flow.spherical_radial_shape(pairs, rank), rank)
 
@@ -249,13 +316,18 @@ class GF(FlowInference):
         """Draws of q each step: ``draws_per_step``, or its automatic value."""
         if options is not None and options.auto:
             if self._standardised_draws:
-                return 2 * draw_pairs(self.config.draws_per_step, self.target.ndim)
+                return 2 * standardised_pairs(self.config.draws_per_step)
             n_rules, r, _ = self._rule_shape()
             return 2 * n_rules * r + 1
         return 10 if self.config.draws_per_step == AUTO else int(self.config.draws_per_step)
 
     def _build_step(self, options: FitOptions) -> StepGraph:
         q = self.approx.state
+        if not options.auto and self.structure.hierarchical:
+            raise ValueError(
+                "structure='hierarchical' takes GF's automatic step size (its natural flow "
+                "keeps the factor an arrow); drop learning_rate=, or use structure='full'."
+            )
         if not options.auto:
             s = self.resolved_draws(options)
             noise = [standard_normal(self.noise_rng, (s, f.type.shape[-1])) for f in q.factor]
@@ -282,9 +354,16 @@ class GF(FlowInference):
         resolve_natural_mean(self.config.natural_mean, options)  # refuses natural_mean=False here
         weights = None
         if self._standardised_draws:
-            pairs = draw_pairs(self.config.draws_per_step, self.target.ndim)
+            pairs = standardised_pairs(self.config.draws_per_step)
             draws = standard_normal(self.noise_rng, (pairs, self.target.ndim))
             noise = [flow.standardised_antithetic(draws)]
+        elif self.structure.hierarchical:
+            n_rules, r, rank = self._rule_shape()
+            size, locals_ = n_rules * (r + 1) * (rank + 2), len(self.structure.blocks[1])
+            # one draw from the generator per step: directions, radii and the locals' signs
+            draws = standard_normal(self.noise_rng, (size + locals_,))
+            rules = draws[:size].reshape((n_rules, r + 1, rank + 2))
+            noise, weights = flow.hierarchical_rule(rules[:, :r, :rank], rules[:, r], draws[size:])
         else:
             n_rules, r, rank = self._rule_shape()
             # one draw from the generator per step: directions and radii are its columns

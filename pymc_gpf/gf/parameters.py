@@ -5,19 +5,24 @@ from __future__ import annotations
 
 import warnings
 
+from collections.abc import Callable
+
 import numpy as np
 
 from pymc_gpf.checks import is_integer
 from pymc_gpf.options import AUTO
-from pymc_gpf.structure import Structure
+from pymc_gpf.structure import Structure, parse_structure
 
 __all__ = [
+    "HIERARCHICAL_MIN_DIM",
     "MAX_ROTATION_DIM",
+    "automatic_structure",
     "check_rank",
     "default_pairs",
     "default_rank",
     "draw_pairs",
     "initial_factors",
+    "standardised_pairs",
 ]
 
 MAX_DEFAULT_RANK = 1000
@@ -25,6 +30,7 @@ MIN_DEFAULT_PAIRS, MAX_DEFAULT_PAIRS = 10, 500
 # mean field draws a random rotation of its D coordinates up to this D (O(D^3) per step,
 # under a millisecond); above, pairs standardised per coordinate, whose bias is O(1/D)
 MAX_ROTATION_DIM = 200
+HIERARCHICAL_MIN_DIM = 64  # "auto" looks for a hierarchical structure above this D
 
 
 def default_pairs(rank: int) -> int:
@@ -56,6 +62,27 @@ def draw_pairs(draws_per_step, rank: int) -> int:
     return default_pairs(rank)
 
 
+def standardised_pairs(draws_per_step) -> int:
+    """Antithetic pairs per step of mean field above :data:`MAX_ROTATION_DIM`: half of
+    ``draws_per_step``, or 10. Not more with ``D``: each scale's update reads only its own
+    coordinate's draws, so its noise depends on their number, not on ``D``."""
+    if draws_per_step != AUTO:
+        return (int(draws_per_step) + 1) // 2
+    return MIN_DEFAULT_PAIRS
+
+
+def automatic_structure(target, find_locals: Callable[[], Structure | None]) -> Structure:
+    """GF's ``structure="auto"``: the hierarchical structure (``find_locals``) above
+    :data:`HIERARCHICAL_MIN_DIM` coordinates where the model has locals and at most
+    :data:`MAX_ROTATION_DIM` globals, else full rank. At ``D`` = 52 both cost the same on a
+    hierarchical normal; at 102 the arrow is 2.3 times faster, at 202 3.5 times (same q)."""
+    if target.ndim > HIERARCHICAL_MIN_DIM:
+        found = find_locals()
+        if found is not None and (found.diagonal or len(found.blocks[0]) <= MAX_ROTATION_DIM):
+            return found
+    return parse_structure("full", target)
+
+
 def check_rank(rank: int | None, structure: Structure, ndim: int) -> int | None:
     """``rank`` checked against the structure (``None`` for mean field), its default the full
     rank."""
@@ -64,6 +91,13 @@ def check_rank(rank: int | None, structure: Structure, ndim: int) -> int | None:
             "rank applies to 'full' and block structures; structure='diagonal' has one "
             "scale per coordinate. Drop rank= or choose another structure."
         )
+    if structure.hierarchical:
+        if rank is not None:
+            raise ValueError(
+                "rank applies to 'full' and block structures; structure='hierarchical' has "
+                "a full factor of the globals and one scale per local. Drop rank=."
+            )
+        return None
     if rank is None and not structure.diagonal:
         rank = default_rank(ndim)
     if not structure.diagonal and not (is_integer(rank, 1) and rank <= ndim):
@@ -81,4 +115,8 @@ def initial_factors(
     field: ``scale`` for every coordinate)."""
     if structure.diagonal:
         return [np.full(ndim, scale, dtype=dtype)]
+    if structure.hierarchical:  # the arrow [[L, 0], [C, diag(s)]], no coupling yet
+        g, loc = (len(b) for b in structure.blocks)
+        eye = scale * np.eye(g, dtype=dtype)
+        return [eye, np.zeros((loc, g), dtype=dtype), np.full(loc, scale, dtype=dtype)]
     return [scale * np.eye(len(b), min(rank, len(b)), dtype=dtype) for b in structure.blocks]
