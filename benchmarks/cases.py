@@ -262,6 +262,24 @@ def radon_centred():
     return model
 
 
+def hierarchical_normal(groups: int, centred: bool = False, per_group: int = 20):
+    """``y_jk ~ N(theta_j, 1)``, ``theta_j = mu + tau z_j`` (non-centred, what a user
+    writes; ``centred``: ``theta_j ~ N(mu, tau)``, the same posterior, the one NUTS mixes
+    well on), ``per_group`` observations per group; ``D = groups + 2``."""
+    rng = np.random.default_rng(5)
+    theta = 1.0 + 0.5 * rng.normal(size=groups)
+    y = theta[:, None] + rng.normal(size=(groups, per_group))
+    with pm.Model() as model:
+        mu, tau = pm.Normal("mu", 0.0, 5.0), pm.HalfNormal("tau", 2.0)
+        if centred:
+            theta = pm.Normal("theta", mu, tau, shape=groups)
+        else:
+            z = pm.Normal("z", 0.0, 1.0, shape=groups)
+            theta = pm.Deterministic("theta", mu + tau * z)
+        pm.Normal("y", theta[:, None], 1.0, observed=y)
+    return model
+
+
 def gp_poisson():
     rng = np.random.default_rng(404)
     x = np.sort(rng.uniform(0.0, 10.0, 30))

@@ -194,9 +194,11 @@ class GF(FlowInference):
         ``"auto"`` (default): with the automatic step size, the ``2 max(K, 10) + 1`` (at
         most 1001) points of a stochastic spherical-radial rule
         (:func:`pymc_gpf.gf.flow.spherical_radial`), which integrates every polynomial of
-        degree up to 3 exactly under q and every other function without bias; with a fixed
-        ``learning_rate``, 10 independent draws. An explicit number is honoured (at the
-        automatic step size rounded up to whole rules: ``S/2`` directions and the centre).
+        degree up to 3 exactly under q and every other function without bias (``K`` is
+        ``G + 1`` for the hierarchical structure; mean field above ``D = 200``: 20
+        standardised draws); with a fixed ``learning_rate``, 10 independent draws. An
+        explicit number is honoured (at the automatic step size rounded up to whole rules:
+        ``S/2`` directions and the centre).
         Called ``n_samples`` before 0.2 (still accepted, with a warning).
     structure
         ``"full"``, ``"diagonal"`` (mean field), ``"variables"`` (one block per free

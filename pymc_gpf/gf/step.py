@@ -5,7 +5,8 @@ trust region, :func:`pymc_gpf.gf.flow.natural_directions`).
 At the automatic step size (the default) each step evaluates the points of a fresh
 stochastic spherical-radial rule (:func:`pymc_gpf.gf.flow.spherical_radial`: exact to
 degree 3, unbiased for every function), takes natural-gradient steps inside a trust region
-(the mean moves at most ``sqrt(K)`` of q's sds, the spread changes by at most 50 %) and the
+(the mean moves at most ``sqrt(K)`` of q's sds and, in each coordinate, no further than
+the draws reached; the spread changes by at most 50 %) and the
 step size follows :class:`pymc_gpf.control.Stochastic`: halved when the free energy stops
 falling, the fit ending on the average of its iterates at a step of at most 1/2 once that is
 precise to ``tol`` sds and agrees with the average at twice the step. Fresh draws every step
@@ -112,9 +113,9 @@ def natural_step(
     weights: Variable | None = None,
 ) -> tuple[NaturalState, Info]:
     """Natural-gradient steps from the draws ``noise`` of a quadrature rule with ``weights``
-    (default: equal): the mean moves at most ``sqrt(K)`` of q's sds, the spread changes by
-    at most :data:`MAX_SCALE_STEP`; a non-finite step is refused (q and the recorded free
-    energy kept)."""
+    (default: equal): the mean moves at most ``sqrt(K)`` of q's sds, and in no coordinate
+    further than the draws reached, the spread changes by at most :data:`MAX_SCALE_STEP`;
+    a non-finite step is refused (q and the recorded free energy kept)."""
     mean, factors = state.q.mean, list(state.q.factor)
     deviations = flow.deviations(factors, noise, structure)
     points = mean + deviations
@@ -125,6 +126,11 @@ def natural_step(
     )
     rank = sum(f.type.shape[-1] for f in factors)
     eta_mean = cap(base_step, pt.sqrt(dec_mean), float(np.sqrt(rank)))
+    # nor, in any coordinate, further than the draws reached: what lies beyond, this step
+    # has not seen (without it, the log of a hierarchical scale whose q was far wider than
+    # the posterior jumped 90 sds, into a flat neck where the fit stalled)
+    reach = pt.max(pt.abs(deviations), axis=0)
+    eta_mean = pt.minimum(eta_mean, pt.min(reach / pt.maximum(pt.abs(shift), 1e-300)))
     eta_factor = cap(0.5 * base_step, spectral, MAX_SCALE_STEP)
     new_mean = mean - eta_mean * shift
     new_factors = [f - eta_factor * d for f, d in zip(factors, directions, strict=True)]
