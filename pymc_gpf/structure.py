@@ -59,7 +59,7 @@ class Structure:
         mask = np.zeros((self.ndim, self.ndim), dtype=bool)
         if self.hierarchical:
             globals_, locals_ = self.blocks
-            mask[np.ix_(self.blocks[0], self.blocks[0])] = True
+            mask[np.ix_(globals_, globals_)] = True
             mask[np.ix_(locals_, globals_)] = True
             mask[locals_, locals_] = True
             return mask

@@ -519,12 +519,27 @@ class BatchedTarget(_FlatLayout):
         minibatches, whose generators are each fit's own (their states are saved with it)."""
         return not self._rngs
 
+    def remember(self, key: str, build: Callable[[], Any]) -> Any:
+        """``build()``, once per state of the model: kept with this target's graphs and
+        shared by the targets of later fits (:func:`batched_target`)."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
+
     def check_logp(self) -> Callable:
         """PyMC's own log-density of a point, compiled without C code (for
         :func:`pymc_gpf.start.check_start`)."""
-        if "check_logp" not in self._memo:
-            self._memo["check_logp"] = self.model.compile_logp(mode="FAST_COMPILE")
-        return self._memo["check_logp"]
+        return self.remember("check_logp", lambda: self.model.compile_logp(mode="FAST_COMPILE"))
+
+    def quick_gradient(self) -> Callable[[np.ndarray], np.ndarray]:
+        """The batched gradient ``X (N, D) -> (N, D)``, compiled without C code: for a few
+        probing calls (:func:`pymc_gpf.structure.find_locals`), not for a fit."""
+
+        def build():
+            rows = pt.matrix("rows", dtype=self.dtype)
+            return pytensor.function([rows], self.logp_and_grads(rows)[1], mode="FAST_COMPILE")
+
+        return self.remember("quick_gradient", build)
 
     def _batched(self, rows: Variable, what: str, gradient: bool) -> list[Variable]:
         """The log-density (and gradient) of every row of ``rows``, vectorised once per type

@@ -270,20 +270,14 @@ class GF(FlowInference):
 
     def _find_locals(self, centre: np.ndarray) -> Structure | None:
         """The hierarchical structure of the model (:func:`pymc_gpf.structure.find_locals`),
-        probed once per model with gradients compiled without C code."""
-        memo, target = self.target._memo, self.target
-
-        def grads(points: np.ndarray) -> np.ndarray:
-            if "gradient (FAST_COMPILE)" not in memo:
-                rows = pt.matrix("rows", dtype=target.dtype)
-                _, grad, _ = target.logp_and_grads(rows)
-                fn = pytensor.function([rows], grad, mode="FAST_COMPILE")
-                memo["gradient (FAST_COMPILE)"] = fn
-            return memo["gradient (FAST_COMPILE)"](points)
-
-        if "hierarchical" not in memo:
-            memo["hierarchical"] = find_locals(target, grads, centre, np.random.default_rng(0))
-        return memo["hierarchical"]
+        probed once per model."""
+        target = self.target
+        return target.remember(
+            "hierarchical",
+            lambda: find_locals(
+                target, lambda x: target.quick_gradient()(x), centre, np.random.default_rng(0)
+            ),
+        )
 
     def _narrow_start(self, factor: float) -> bool:
         for f in self.approx.shared_factors:
