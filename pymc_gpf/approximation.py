@@ -21,18 +21,20 @@ from pymc.backends.arviz import coords_and_dims_for_inferencedata
 
 from pymc_gpf.checks import is_integer, seed_sequence
 from pymc_gpf.datatree import build_datatree, fit_group, settings_attrs
-from pymc_gpf.diagnostics import Diagnosis, diagnose
+from pymc_gpf.diagnostics import Diagnosis, diagnosis_of, ridge_option
 from pymc_gpf.engine import FlowInference
 from pymc_gpf.gaussian import GaussianQ
+from pymc_gpf.importance import ImportancePool, capped
 from pymc_gpf.persistence import save, to_datatree
 from pymc_gpf.verdict import Verdict, importance_check, importance_verdict
 
 # points per log-density call: as many as keep one call within about 2^22 data terms (large
 # calls are faster; the bound keeps the memory of models with much data small)
 LOGP_TERMS, MIN_CHUNK, MAX_CHUNK = 2**22, 16, 4096
-# the fewest draws of q PSIS resamples from: with fewer, k̂ overstates the tail of a
-# near-Gaussian posterior (pymc_gpf.verdict)
-PSIS_POOL = 16384
+# the fewest draws of q PSIS resamples from (fewer for a large model,
+# pymc_gpf.importance.capped): with fewer, k̂ overstates the tail of a near-Gaussian
+# posterior (pymc_gpf.verdict); and at least this many per draw resampled
+PSIS_POOL, POOL_PER_DRAW = 16384, 4
 
 __all__ = ["FlowApproximation", "GaussianApproximation", "ParticleCloud", "ParticlesMixin"]
 
@@ -44,6 +46,10 @@ class FlowApproximation:
         self.inference = inference
         self.diagnosis: Diagnosis | None = None  # the last pymc_gpf.diagnose(self)
         self._compiled: dict[Any, Any] = {}
+        # the draws of the last verdict's check, with the step count they judged, and the
+        # pool PSIS-corrected draws last resampled from (that one extended, if it was)
+        self._judged: tuple[int, ImportancePool] | None = None
+        self._extended: tuple[int, ImportancePool] | None = None
 
     # -------------------------------------------------------------- PyMC's interface
     model = property(lambda self: self.inference.model, doc="The PyMC model.")
@@ -107,7 +113,29 @@ class FlowApproximation:
         start = time.perf_counter()
         with np.errstate(all="ignore"):
             check = importance_check(self, rng, max_draws=max_draws)
+        self._judged = (len(self.hist), check.pool)
         return importance_verdict(check, self.alternative, time.perf_counter() - start)
+
+    def judged_pool(self, size: int) -> ImportancePool:
+        """The draws the fit's verdict judged, extended to at least ``size`` draws of q:
+        what default PSIS-corrected draws resample from. Rebuilt from the verdict's stream
+        where it is not kept (a loaded fit): the same draws either way, so the same
+        ``sample(random_seed=...)``."""
+        steps = len(self.hist)
+        if self._judged is None or self._judged[0] != steps:
+            with np.errstate(all="ignore"):
+                check = importance_check(
+                    self, self.inference.verdict_rng(),
+                    max_draws=self.inference.fit_options.check_draws,
+                )  # fmt: skip
+            self._judged = (steps, check.pool)
+        pool = self._judged[1]
+        if pool.size >= size:
+            return pool
+        if self._extended is None or self._extended[0] != steps or self._extended[1].size != size:
+            with np.errstate(all="ignore"):
+                self._extended = (steps, pool.copy().grow_to(size))
+        return self._extended[1]
 
     def check_proposal(self, rng: np.random.Generator):
         """What the importance check draws from, and (for a degenerate q, whose density
@@ -158,15 +186,20 @@ class FlowApproximation:
         method's own group (with the numbers of the last :func:`pymc_gpf.diagnose`). With
         ``return_inferencedata=False`` a dict of arrays.
 
-        ``psis=True`` returns PSIS-corrected draws instead: ``4 * draws`` draws of q (at
-        least 16 384; a Gaussian q's plus a quarter as many of q with twice its sds, a
-        defensive mixture) are importance-weighted towards the posterior (Pareto-smoothed)
-        and ``draws`` of them resampled by weight; the diagnosis of those draws is stored, and a
-        warning says when k̂ makes them unreliable. ``regularize`` is passed to the diagnosis
-        (needed when q is degenerate). The default, ``psis=None``, returns them where the
-        fit's verdict found q measurably off and importance sampling reliable
-        (``approx.outcome.checks["psis_default"]``: family-limited with k̂ < 0.6), q's own
-        draws otherwise; ``psis=False`` always gives q's draws. The ``posterior`` group's
+        ``psis=True`` returns PSIS-corrected draws instead: a pool of ``4 * draws`` draws
+        of q (at least 16 384, fewer for a large model: :func:`pymc_gpf.importance.capped`,
+        so that k̂ of the weights is reliable;
+        a Gaussian q's plus a quarter as many of q with twice its sds, a defensive mixture,
+        :class:`pymc_gpf.importance.ImportancePool`) is importance-weighted towards the
+        posterior (Pareto-smoothed) and ``draws`` of them resampled by weight; the diagnosis
+        of those draws is stored, and a warning says when k̂ makes them unreliable.
+        ``regularize`` gives a degenerate q the density PSIS needs (as in
+        :func:`pymc_gpf.diagnose`). The default, ``psis=None``, returns them where the fit's
+        verdict found q measurably off and importance sampling reliable
+        (``approx.outcome.checks["psis_default"]``: family-limited with k̂ < 0.6), resampled
+        from the very draws the verdict judged, whose k̂ it found reliable (extended if
+        ``4 * draws`` exceeds them), so they cost no second pass over the data; q's own
+        draws otherwise. ``psis=False`` always gives q's draws. The ``posterior`` group's
         ``draws_from`` attribute says which ("q" or "psis").
         """
         if not is_integer(draws, 1):
@@ -175,14 +208,23 @@ class FlowApproximation:
             options = self.inference.fit_options
             include_transformed = bool(options and options.include_transformed)
         rng = np.random.default_rng(seed_sequence(random_seed))
-        if psis is None:
+        default = psis is None
+        if default:
             psis = self.psis_by_default
-            if psis and regularize is None and self.proposal(None, rng)[1] is not None:
-                regularize = True  # a degenerate q: the proper Gaussian around it
         if psis:
-            pool = max(4 * int(draws), PSIS_POOL)
-            diagnosis = diagnose(self, pool, random_seed=rng, regularize=regularize)
-            flat = diagnosis.resample(int(draws), rng, self.log_density)
+            if default and regularize is None:  # the verdict's draws: no second pass
+                pool = self.judged_pool(POOL_PER_DRAW * int(draws))
+            else:
+                size = max(POOL_PER_DRAW * int(draws), capped(PSIS_POOL, self.target.ndim))
+                q, undefined = self.proposal(ridge_option(regularize), rng)
+                if undefined is not None:
+                    raise ValueError(
+                        f"PSIS needs a density for q, but {undefined}. Pass regularize=True."
+                    )
+                pool = ImportancePool(q, self.log_density, rng).grow_to(size)
+            log_p, log_q, _, from_q = pool.arrays
+            diagnosis_of(self, pool.proposal, log_p[from_q], log_q[from_q])
+            flat = pool.resample(int(draws), rng)
         else:
             if regularize is not None:
                 raise ValueError("regularize applies to psis=True draws only.")

@@ -37,7 +37,10 @@ from scipy.special import logsumexp
 from pymc_gpf.checks import is_integer, seed_sequence
 from pymc_gpf.protocols import FittedApproximation
 
-__all__ = ["Diagnosis", "diagnose", "free_energy_gap", "khat_threshold", "smoothed_log_weights"]
+__all__ = [
+    "Diagnosis", "diagnose", "diagnosis_of", "free_energy_gap", "khat_threshold", "ridge_option",
+    "smoothed_log_weights",
+]  # fmt: skip
 
 KHAT_VERY_BAD = 1.0
 # the defensive component of importance sampling: q with twice its sds, 20 % of the draws
@@ -55,8 +58,10 @@ def khat_threshold(draws: int) -> float:
 class Diagnosis:
     """The importance ratios of ``draws`` draws of q, and what they say.
 
-    ``points`` are the draws (flat unconstrained, ``(S, D)``), ``log_p``/``log_q`` their
-    log-densities, ``log_weights`` the Pareto-smoothed, normalised log importance weights.
+    ``points`` are the draws (flat unconstrained, ``(S, D)``; ``None`` for the streamed
+    draws of PSIS-corrected sampling, which keeps only their log-densities),
+    ``log_p``/``log_q`` their log-densities, ``log_weights`` the Pareto-smoothed, normalised
+    log importance weights.
     ``undefined`` explains why k̂ and the ELBO could not be computed (a degenerate q), else
     ``None``; ``ridge`` is the variance a regularised q gave the directions a degenerate q
     lacks. ``free_energy`` is the fit's own objective at its end (the mean of its last
@@ -64,7 +69,7 @@ class Diagnosis:
     """
 
     method: str
-    points: np.ndarray
+    points: np.ndarray | None
     log_p: np.ndarray
     log_q: np.ndarray
     log_weights: np.ndarray
@@ -306,7 +311,7 @@ def _final_free_energy(hist: np.ndarray) -> float | None:
     return float(np.mean(hist[-min(100, max(1, len(hist) // 10)) :]))
 
 
-def _regularize_option(regularize) -> bool | float | None:
+def ridge_option(regularize) -> bool | float | None:
     if regularize is None or regularize is False:
         return None
     if regularize is True:
@@ -343,12 +348,24 @@ def diagnose(
     if not is_integer(draws, 10):
         raise ValueError(f"draws must be an integer >= 10, got {draws!r}.")
     rng = np.random.default_rng(seed_sequence(random_seed))
-    q, undefined = approx.proposal(_regularize_option(regularize), rng)
+    q, undefined = approx.proposal(ridge_option(regularize), rng)
     if q is None:  # nothing to draw from: an ensemble's point masses
         raise ValueError(f"diagnose has no q to draw from: {undefined}.")
     points = q.sample(int(draws), rng)
     log_q = q.logpdf(points)
-    log_p = approx.log_density(points)
+    return diagnosis_of(approx, q, approx.log_density(points), log_q, points, undefined)
+
+
+def diagnosis_of(
+    approx: FittedApproximation,
+    q,
+    log_p: np.ndarray,
+    log_q: np.ndarray,
+    points: np.ndarray | None = None,
+    undefined: str | None = None,
+) -> Diagnosis:
+    """The :class:`Diagnosis` of draws of ``q`` with these log-densities (``points``, the
+    draws themselves, where kept), also kept as ``approx.diagnosis``."""
     if undefined is None:
         log_weights, k = smoothed_log_weights(log_p, log_q)
         ridge = getattr(q, "ridge", None)

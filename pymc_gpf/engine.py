@@ -256,6 +256,11 @@ class FlowInference(Inference):
         entropy, root = self._check_root
         return np.random.SeedSequence(entropy, spawn_key=(*root, *key))
 
+    def verdict_rng(self) -> np.random.Generator:
+        """The generator of the verdict's draws on the fit as it stands (a stream of its own,
+        per step count: a loaded fit judges, and resamples, the same draws)."""
+        return np.random.default_rng(self.stream(CHECK_STREAM, len(self.hist)))
+
     def _write_rate(self) -> None:
         """The controller's step size (if it sets one) into the compiled step, as both
         ``eta1`` and ``eta2``: after every decision of the controller."""
@@ -346,8 +351,7 @@ class FlowInference(Inference):
         outcome = self.outcome
         if outcome.converged is False:
             return Verdict(NOT_CONVERGED, outcome.message, self._remedy(outcome.reason))
-        seed = self.stream(CHECK_STREAM, len(self.hist))
-        verdict = self.approx.check_fit(np.random.default_rng(seed), self.fit_options.check_draws)
+        verdict = self.approx.check_fit(self.verdict_rng(), self.fit_options.check_draws)
         params = self.fit_options.more_obj_params
         if verdict is None or not params:
             return verdict

@@ -148,28 +148,43 @@ class GaussianQ:
         """``log q(x)`` for rows of ``points`` ``(S, D)``. For a degenerate q without a
         ridge: the density on its affine support (w.r.t. Lebesgue measure there), ``-inf``
         off it. ``O(S D r)``."""
+        squared, constant = self._whitened(points, rtol)
+        return constant - 0.5 * squared
+
+    def logpdf_widened(self, points: np.ndarray, factor: float) -> tuple[np.ndarray, np.ndarray]:
+        """``log q(x)`` and the log-density of :meth:`widened` ``(factor)`` at the same
+        points, from one whitening of them."""
+        squared, constant = self._whitened(points)
+        dims = self.ndim if self.ridge is not None else self.rank
+        wide = constant - 0.5 * squared / factor**2 - dims * np.log(factor)
+        return constant - 0.5 * squared, wide
+
+    def _whitened(self, points: np.ndarray, rtol: float = 1e-8) -> tuple[np.ndarray, np.ndarray]:
+        """Per point the squared Mahalanobis distance from the mean and the log-density's
+        constant (``-inf`` off the support of a degenerate q without a ridge)."""
         dev = np.atleast_2d(points) - self.mean
         if self.coupling is not None:  # block 1 given block 0's standard normals
             dev = dev.copy()
             xi = np.linalg.solve(self.factors[0], dev[:, self.blocks[0]].T).T
             dev[:, self.blocks[1]] -= xi @ self.coupling.T
-        total = np.zeros(len(dev))
+        squared = np.zeros(len(dev))
+        constant = np.zeros(len(dev))
         for b, f, basis in zip(self.blocks, self.factors, self._bases, strict=True):
             x = dev[:, b]
             if basis is None:
-                total += -0.5 * np.sum((x / f) ** 2, axis=1) - np.sum(np.log(np.abs(f)))
-                total -= 0.5 * len(b) * LOG_2PI
+                squared += np.sum((x / f) ** 2, axis=1)
+                constant -= np.sum(np.log(np.abs(f))) + 0.5 * len(b) * LOG_2PI
                 continue
             coef = x @ basis.u
-            total += -0.5 * np.sum((coef / basis.s) ** 2, axis=1) - np.sum(np.log(basis.s))
-            total -= 0.5 * len(basis.s) * LOG_2PI
+            squared += np.sum((coef / basis.s) ** 2, axis=1)
+            constant -= np.sum(np.log(basis.s)) + 0.5 * len(basis.s) * LOG_2PI
             missing = len(b) - len(basis.s)
             if missing:
                 residual = np.sum((x - coef @ basis.u.T) ** 2, axis=1)
                 if self.ridge is None:
                     scale = np.sum(x**2, axis=1) + np.sum(basis.s**2)
-                    total = np.where(residual <= rtol**2 * scale, total, -np.inf)
+                    constant = np.where(residual <= rtol**2 * scale, constant, -np.inf)
                 else:
-                    total += -0.5 * residual / self.ridge
-                    total -= 0.5 * missing * (LOG_2PI + np.log(self.ridge))
-        return total
+                    squared += residual / self.ridge
+                    constant -= 0.5 * missing * (LOG_2PI + np.log(self.ridge))
+        return squared, constant

@@ -30,14 +30,15 @@ from __future__ import annotations
 
 import time
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from scipy.special import logsumexp
 
-from pymc_gpf.diagnostics import WIDE_SCALE, WIDE_SHARE, smoothed_log_weights
+from pymc_gpf.diagnostics import smoothed_log_weights
+from pymc_gpf.importance import FIRST_DRAWS, ImportancePool, capped
 
 __all__ = [
     "FAMILY_LIMITED",
@@ -61,7 +62,7 @@ BOUND_Z = 2.0  # the errors' upper and lower bounds: estimate +- 2 standard erro
 # PSIS-corrected draws by default below this k̂: 0.7 less about twice k̂'s own sd from
 # 16 384 draws (0.05-0.1), so that the true k is below 0.7
 PSIS_DEFAULT_KHAT = 0.6
-FIRST_DRAWS, MAX_DRAWS = 4096, 16384  # draws of q (the defensive ones come on top)
+MAX_DRAWS = 16384  # draws of q (the defensive ones come on top)
 UNCONVERGED_REMEDIES = {
     "stalled": (
         "Check the model near q (a parameter at the edge of its support, a density that is "
@@ -70,7 +71,6 @@ UNCONVERGED_REMEDIES = {
     "floor": "Refine with a larger tol, or use method='gpf' (deterministic) on full data",
 }
 CHUNK = 4096  # draws mapped to the constrained space at once
-LARGE_CHECK = 2**24  # at most this many numbers of draws (S D): fewer draws for large D
 CACHE = 2**23  # constrained columns kept between batches up to this many numbers
 
 
@@ -124,6 +124,8 @@ class ImportanceCheck:
     upper: float = 0.0  # max over scalars of (|error| + 2 se) / tolerance
     lower: float = 0.0  # max over scalars of (|error| - 2 se) / tolerance
     mixture_k: float = float("nan")  # k̂ of the weights the errors use (defensive mixture)
+    # the draws judged (PSIS-corrected draws of the fit resample from them)
+    pool: ImportancePool | None = field(default=None, repr=False, compare=False)
 
     @property
     def reliable(self) -> bool:
@@ -240,23 +242,6 @@ def _moments(sums: _PowerSums, own: _PowerSums | None) -> dict[str, np.ndarray]:
     }
 
 
-@dataclass
-class _Batch:
-    """A batch of draws (``size`` of q, then ``wide`` of the defensive component), kept as
-    the generator states that reproduce it."""
-
-    size: int
-    wide: int
-    state: dict
-    own_state: dict | None
-
-
-def defensive(q):
-    """q with :data:`WIDE_SCALE` times its sds, or ``None`` where q is no Gaussian."""
-    widened = getattr(q, "widened", None)
-    return widened(WIDE_SCALE) if widened is not None else None
-
-
 def importance_check(
     approx,
     rng: np.random.Generator,
@@ -272,49 +257,29 @@ def importance_check(
     or the errors' bounds straddle the tolerances. k̂ is that of q's draws. The errors
     compare q's moments with importance-weighted ones of every scalar of the constrained
     free variables; those weights are p / g for the defensive mixture g of q and q widened
-    (:data:`WIDE_SHARE` of the draws, Hesterberg 1995), so that a q too narrow for the
+    (:class:`pymc_gpf.importance.ImportancePool`), so that a q too narrow for the
     posterior still gets bounded weights where the widened q covers it. Only the log
     densities are kept; the draws are regenerated from their generators' states to map them
-    to the constrained space (memory ``O(S + D)``, not ``O(S D)``)."""
+    to the constrained space (memory ``O(S + D)``, not ``O(S D)``). The check's ``pool``
+    is that pool: PSIS-corrected draws resample from it."""
     proposal, own = approx.check_proposal(rng)
-    wide = defensive(proposal)
-    draw_rng, own_rng = rng.spawn(2)
+    pool = ImportancePool(proposal, approx.log_density, rng, own)
     names = [rv.name for rv in approx.model.free_RVs]
-    # a large model: fewer draws (each maps D numbers to the constrained space)
-    max_draws = max(min(first_draws, max_draws), min(max_draws, LARGE_CHECK // proposal.ndim))
-    log_p, log_q, log_wide, batches = [], [], [], []
+    # a large model: fewer draws (each a log-density of the data, mapping D numbers)
+    max_draws = capped(max_draws, proposal.ndim)
     cache: dict[int, tuple] = {}  # constrained columns of each batch, while they are few
-    total, size = 0, min(first_draws, max_draws)
+    size = min(first_draws, max_draws)
     while True:
-        extra = 0 if wide is None else round(size * WIDE_SHARE / (1.0 - WIDE_SHARE))
-        own_state = own_rng.bit_generator.state if own is not None else None
-        batches.append(_Batch(size, extra, draw_rng.bit_generator.state, own_state))
-        new = proposal.sample(size, draw_rng)
-        if extra:
-            new = np.concatenate([new, wide.sample(extra, draw_rng)])
-        if own is not None:
-            own.sample(size, own_rng)  # advance: the summary regenerates these
-        log_q.append(proposal.logpdf(new))
-        log_wide.append(wide.logpdf(new) if wide is not None else log_q[-1])
-        log_p.append(approx.log_density(new))
-        total += size
-        check = _summarise(
-            approx, (proposal, wide, own), names, batches,
-            *(np.concatenate(x) for x in (log_p, log_q, log_wide)), cache,
-        )  # fmt: skip
+        points = pool.add(size)
+        newest = len(pool.batches) - 1
+        cache[newest] = _batch_columns(approx, pool, names, newest, points)
+        check = _summarise(approx, pool, names, cache)
+        if sum(c[0].size for c in cache.values()) > CACHE:
+            del cache[newest]  # regenerated when needed
         clear = check.pareto_k < 0.5 and (check.accurate or check.inaccurate)
-        if clear or total >= max_draws:
-            return check
-        size = min(total, max_draws - total)
-
-
-def _regenerate(proposal, wide, batch: _Batch) -> np.ndarray:
-    rng = np.random.default_rng()
-    rng.bit_generator.state = batch.state
-    points = proposal.sample(batch.size, rng)
-    if batch.wide:
-        points = np.concatenate([points, wide.sample(batch.wide, rng)])
-    return points
+        if clear or pool.size >= max_draws:
+            return replace(check, pool=pool)
+        size = min(pool.size, max_draws - pool.size)
 
 
 def _constrained_columns(
@@ -337,54 +302,55 @@ def _constrained_columns(
     return np.concatenate(parts).astype(float), labels
 
 
-def _columns(approx, proposals, names, batch: _Batch, index: int, cache: dict) -> tuple:
-    """The constrained columns and labels of a batch's draws (and of q's own draws), from
-    ``cache`` or regenerated, and kept there while the cache is small."""
+def _batch_columns(approx, pool: ImportancePool, names, index: int, points=None) -> tuple:
+    """The constrained columns and labels of a batch's draws (``points``, or regenerated)
+    and of q's own draws (a degenerate q)."""
+    points = pool.regenerate(index) if points is None else points
+    columns, labels = _constrained_columns(approx, points, names)
+    own_columns = None
+    if pool.own is not None:
+        own_columns = _constrained_columns(approx, pool.regenerate_own(index), names)[0]
+    return columns, labels, own_columns
+
+
+def _columns(approx, pool: ImportancePool, names, index: int, cache: dict) -> tuple:
+    """:func:`_batch_columns` from ``cache``, or computed and kept there while the cache is
+    small."""
     if index in cache:
         return cache[index]
-    proposal, wide, own = proposals
-    columns, labels = _constrained_columns(approx, _regenerate(proposal, wide, batch), names)
-    own_columns = None
-    if own is not None:
-        rng = np.random.default_rng()
-        rng.bit_generator.state = batch.own_state
-        own_columns = _constrained_columns(approx, own.sample(batch.size, rng), names)[0]
-    out = (columns, labels, own_columns)
-    if sum(c[0].size for c in cache.values()) + columns.size <= CACHE:
+    out = _batch_columns(approx, pool, names, index)
+    if sum(c[0].size for c in cache.values()) + out[0].size <= CACHE:
         cache[index] = out
     return out
 
 
-def _summarise(approx, proposals, names, batches, log_p, log_q, log_wide, cache) -> ImportanceCheck:
-    own = proposals[2]
-    from_q = np.concatenate([np.arange(b.size + b.wide) < b.size for b in batches])
+def _summarise(approx, pool: ImportancePool, names, cache) -> ImportanceCheck:
+    log_p, log_q, _, from_q = pool.arrays
     if not np.isfinite(log_p - log_q)[from_q].any():  # no mass of q where log p is finite
         inf = float("inf")
         return ImportanceCheck(
             len(log_p), inf, inf, 0.0, "", inf, 0.0, "", -inf, 0.0, inf, inf, inf
         )
     k = _khat(smoothed_log_weights(log_p[from_q], log_q[from_q])[1])
-    share = from_q.mean()
-    log_mixture = np.logaddexp(np.log(share) + log_q, np.log1p(-share) + log_wide)
-    log_weights, k_mixture = smoothed_log_weights(log_p, log_mixture)
+    log_weights, k_mixture = pool.mixture_weights()
     k_mixture = _khat(k_mixture)
     sums = own_sums = None
     labels: list[str] = []
     offset = 0
-    for index, batch in enumerate(batches):
+    for index, batch in enumerate(pool.batches):
         rows = slice(offset, offset + batch.size + batch.wide)
         offset = rows.stop
-        columns, labels, own_columns = _columns(approx, proposals, names, batch, index, cache)
+        columns, labels, own_columns = _columns(approx, pool, names, index, cache)
         finite = np.all(np.isfinite(columns), axis=1)
         if sums is None:
             kept = columns[finite]
             shift = kept.mean(axis=0) if len(kept) else np.zeros(len(labels))
             scale = kept.std(axis=0) if len(kept) > 1 else np.ones_like(shift)
             sums = _PowerSums(shift, np.where(scale > 0, scale, 1.0))
-            own_sums = _PowerSums(shift, sums.scale) if own is not None else None
+            own_sums = _PowerSums(shift, sums.scale) if pool.own is not None else None
         weight = np.exp(log_weights[rows] - np.max(log_weights))
         sums.add(columns[finite], weight[finite], from_q[rows][finite].astype(float))
-        if own is not None:
+        if pool.own is not None:
             own_finite = own_columns[np.all(np.isfinite(own_columns), axis=1)]
             own_sums.add(own_finite, np.ones(len(own_finite)), np.ones(len(own_finite)))
     _normalise(sums)

@@ -299,6 +299,20 @@ def test_family_limited_fits_sample_psis_corrected_draws_by_default():
     assert corrected.posterior.attrs["draws_from"] == "psis"
     eps_mean, eps_sd = errors(corrected.posterior)
     assert eps_mean < 0.1 and eps_sd < 0.1
+
+    # they are resampled from the draws the verdict judged (extended to 4 per draw asked
+    # for): no new log-density where those suffice, and, rebuilt from the verdict's stream
+    # (a loaded fit), the same draws
+    judged = approx.outcome.checks["check_draws"]
+    evaluated = []
+    log_density = approx.log_density
+    approx.log_density = lambda points: evaluated.append(len(points)) or log_density(points)
+    small = approx.sample(judged // 5, random_seed=3)
+    assert evaluated == [] and small.posterior.attrs["draws_from"] == "psis"
+    approx._judged = approx._extended = None
+    again = approx.sample(10_000, random_seed=2)
+    assert sum(evaluated) >= 40_000  # the verdict's draws, and their extension
+    np.testing.assert_array_equal(again.posterior["tau"], corrected.posterior["tau"])
     plain = approx.sample(10_000, random_seed=2, psis=False)
     assert plain.posterior.attrs["draws_from"] == "q"
     eps_mean, eps_sd = errors(plain.posterior)
