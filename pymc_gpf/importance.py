@@ -33,6 +33,9 @@ FIRST_DRAWS = 4096  # the first batch of q's draws; each later batch doubles the
 # at most this many numbers of draws (S D) by default: fewer draws for a large model, each
 # a log-density of the whole data set
 LARGE_POOL = 2**24
+# draws are made, evaluated and replayed in chunks of at most this many numbers (rows times
+# D), so that no S x D array is ever held (a pool at D = 10^4 is 40 MB at a time, not 400)
+CHUNK_NUMBERS = 2**22
 
 
 def defensive(q):
@@ -49,13 +52,23 @@ def capped(largest: int, ndim: int) -> int:
 
 @dataclass(frozen=True)
 class _Batch:
-    """A batch of draws (``size`` of the proposal, then ``wide`` of the defensive component)
-    and the generator states that reproduce it (and q's own draws, for a degenerate q)."""
+    """A batch of draws (``size`` of the proposal, then ``wide`` of the defensive component),
+    made in chunks of ``rows``, and the generator states that reproduce it (and q's own
+    draws, for a degenerate q)."""
 
     size: int
     wide: int
+    rows: int
     state: dict
     own_state: dict | None
+
+    def chunks(self) -> list[tuple[int, int, bool]]:
+        """``(first row, rows, from the proposal)`` of each chunk, in the order drawn."""
+        out = [(i, min(self.rows, self.size - i), True) for i in range(0, self.size, self.rows)]
+        return out + [
+            (self.size + i, min(self.rows, self.wide - i), False)
+            for i in range(0, self.wide, self.rows)
+        ]
 
 
 class ImportancePool:
@@ -70,28 +83,37 @@ class ImportancePool:
         self._draw_rng, self._own_rng = rng.spawn(2)
         self.batches: list[_Batch] = []
         self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.rows = max(1, CHUNK_NUMBERS // max(int(proposal.ndim), 1))
 
     @property
     def size(self) -> int:
         """Draws of the proposal (the defensive ones not counted)."""
         return sum(b.size for b in self.batches)
 
-    def add(self, size: int) -> np.ndarray:
-        """One more batch: ``size`` draws of the proposal and their defensive share (returned,
-        for a caller that uses them at once)."""
+    @property
+    def offsets(self) -> list[int]:
+        """The pool's row at which each batch starts."""
+        return list(np.cumsum([0] + [b.size + b.wide for b in self.batches[:-1]]))
+
+    def add(self, size: int, visit: Callable[[int, np.ndarray], None] | None = None) -> None:
+        """One more batch: ``size`` draws of the proposal and their defensive share, drawn
+        chunk by chunk; ``visit(first row in the batch, points)`` sees each chunk."""
         rng = self._draw_rng
         extra = 0 if self.wide is None else round(size * WIDE_SHARE / (1.0 - WIDE_SHARE))
         own_state = self._own_rng.bit_generator.state if self.own is not None else None
-        self.batches.append(_Batch(size, extra, rng.bit_generator.state, own_state))
-        points = self.proposal.sample(size, rng)
-        if extra:
-            points = np.concatenate([points, self.wide.sample(extra, rng)])
+        batch = _Batch(size, extra, self.rows, rng.bit_generator.state, own_state)
+        parts = []
+        for first, rows, from_q in batch.chunks():
+            points = (self.proposal if from_q else self.wide).sample(rows, rng)
+            parts.append((self.log_density(points), *self._log_densities(points)))
+            if visit is not None:
+                visit(first, points)
         if self.own is not None:
-            self.own.sample(size, self._own_rng)  # advance: regenerated when needed
-        log_q, log_wide = self._log_densities(points)
-        self._parts.append((self.log_density(points), log_q, log_wide))
+            for _ in self._own_chunks(batch, self._own_rng):
+                pass  # advance: regenerated when needed
+        self.batches.append(batch)
+        self._parts.append(tuple(np.concatenate(x) for x in zip(*parts, strict=True)))
         self.__dict__.pop("arrays", None)
-        return points
 
     def copy(self) -> ImportancePool:
         """A pool with the same draws, whose further batches are drawn as this one's would
@@ -140,34 +162,39 @@ class ImportancePool:
         """Pareto-smoothed normalised log weights ``p / g`` of every draw and their k̂."""
         return smoothed_log_weights(self.arrays[0], self.mixture_log_density())
 
-    def regenerate(self, index: int) -> np.ndarray:
-        """The draws of batch ``index``, from its generator state."""
+    def replay(self, index: int):
+        """``(first row in the batch, points)`` of each chunk of batch ``index``, drawn
+        again from its generator state."""
         batch = self.batches[index]
         rng = np.random.default_rng()
         rng.bit_generator.state = batch.state
-        points = self.proposal.sample(batch.size, rng)
-        if batch.wide:
-            points = np.concatenate([points, self.wide.sample(batch.wide, rng)])
-        return points
+        for first, rows, from_q in batch.chunks():
+            yield first, (self.proposal if from_q else self.wide).sample(rows, rng)
 
-    def regenerate_own(self, index: int) -> np.ndarray:
-        """q's own draws of batch ``index`` (a degenerate q)."""
+    def replay_own(self, index: int):
+        """q's own draws of batch ``index`` (a degenerate q), chunk by chunk."""
         rng = np.random.default_rng()
         rng.bit_generator.state = self.batches[index].own_state
-        return self.own.sample(self.batches[index].size, rng)
+        yield from self._own_chunks(self.batches[index], rng)
+
+    def _own_chunks(self, batch: _Batch, rng: np.random.Generator):
+        for i in range(0, batch.size, batch.rows):
+            yield self.own.sample(min(batch.rows, batch.size - i), rng)
 
     def take(self, rows: np.ndarray) -> np.ndarray:
-        """The draws at ``rows`` (indices into the pool), regenerating only the batches
-        they fall in."""
+        """The draws at ``rows`` (indices into the pool), replaying only the batches they
+        fall in."""
         rows = np.asarray(rows)
         out = np.empty((len(rows), self.proposal.ndim), dtype=float)
-        start = 0
-        for index, batch in enumerate(self.batches):
-            stop = start + batch.size + batch.wide
-            inside = (rows >= start) & (rows < stop)
-            if inside.any():
-                out[inside] = self.regenerate(index)[rows[inside] - start]
-            start = stop
+        for index, start in enumerate(self.offsets):
+            batch = self.batches[index]
+            inside = (rows >= start) & (rows < start + batch.size + batch.wide)
+            if not inside.any():
+                continue
+            for first, points in self.replay(index):
+                local = rows - start - first
+                here = inside & (local >= 0) & (local < len(points))
+                out[here] = points[local[here]]
         return out
 
     def resample(self, draws: int, rng: np.random.Generator) -> np.ndarray:

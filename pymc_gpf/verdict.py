@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -270,12 +271,13 @@ def importance_check(
     cache: dict[int, tuple] = {}  # constrained columns of each batch, while they are few
     size = min(first_draws, max_draws)
     while True:
-        points = pool.add(size)
+        chunks, labels, visit = _collector(approx, names)
+        pool.add(size, visit)
         newest = len(pool.batches) - 1
-        cache[newest] = _batch_columns(approx, pool, names, newest, points)
+        cache[newest] = (chunks, labels, _own_columns(approx, pool, names, newest))
         check = _summarise(approx, pool, names, cache)
-        if sum(c[0].size for c in cache.values()) > CACHE:
-            del cache[newest]  # regenerated when needed
+        if _cached_numbers(cache) > CACHE:
+            del cache[newest]  # drawn again when needed
         clear = check.pareto_k < 0.5 and (check.accurate or check.inaccurate)
         if clear or pool.size >= max_draws:
             return replace(check, pool=pool)
@@ -302,24 +304,43 @@ def _constrained_columns(
     return np.concatenate(parts).astype(float), labels
 
 
-def _batch_columns(approx, pool: ImportancePool, names, index: int, points=None) -> tuple:
-    """The constrained columns and labels of a batch's draws (``points``, or regenerated)
-    and of q's own draws (a degenerate q)."""
-    points = pool.regenerate(index) if points is None else points
-    columns, labels = _constrained_columns(approx, points, names)
-    own_columns = None
-    if pool.own is not None:
-        own_columns = _constrained_columns(approx, pool.regenerate_own(index), names)[0]
-    return columns, labels, own_columns
+def _collector(approx, names) -> tuple[list, list, Callable]:
+    """Lists that ``visit(first row, points)`` fills with each chunk's constrained columns
+    and their labels, as the pool draws them."""
+    chunks: list[tuple[int, np.ndarray]] = []
+    labels: list[str] = []
+
+    def visit(first: int, points: np.ndarray) -> None:
+        columns, labels[:] = _constrained_columns(approx, points, names)
+        chunks.append((first, columns))
+
+    return chunks, labels, visit
+
+
+def _own_columns(approx, pool: ImportancePool, names, index: int) -> list[np.ndarray]:
+    """The constrained columns of q's own draws in batch ``index`` (a degenerate q), per
+    chunk; none otherwise."""
+    if pool.own is None:
+        return []
+    return [_constrained_columns(approx, points, names)[0] for points in pool.replay_own(index)]
+
+
+def _cached_numbers(cache: dict) -> int:
+    return sum(c.size for chunks, _, own in cache.values() for c in [*(x for _, x in chunks), *own])
 
 
 def _columns(approx, pool: ImportancePool, names, index: int, cache: dict) -> tuple:
-    """:func:`_batch_columns` from ``cache``, or computed and kept there while the cache is
-    small."""
+    """Batch ``index``'s constrained columns, per chunk ``(first row, columns)``, their
+    labels and q's own draws' columns (a degenerate q): from ``cache``, or drawn again and
+    kept there while the cache is small."""
     if index in cache:
         return cache[index]
-    out = _batch_columns(approx, pool, names, index)
-    if sum(c[0].size for c in cache.values()) + out[0].size <= CACHE:
+    chunks, labels = [], []
+    for first, points in pool.replay(index):
+        columns, labels = _constrained_columns(approx, points, names)
+        chunks.append((first, columns))
+    out = (chunks, labels, _own_columns(approx, pool, names, index))
+    if _cached_numbers(cache) + _cached_numbers({index: out}) <= CACHE:
         cache[index] = out
     return out
 
@@ -336,21 +357,20 @@ def _summarise(approx, pool: ImportancePool, names, cache) -> ImportanceCheck:
     k_mixture = _khat(k_mixture)
     sums = own_sums = None
     labels: list[str] = []
-    offset = 0
-    for index, batch in enumerate(pool.batches):
-        rows = slice(offset, offset + batch.size + batch.wide)
-        offset = rows.stop
-        columns, labels, own_columns = _columns(approx, pool, names, index, cache)
-        finite = np.all(np.isfinite(columns), axis=1)
-        if sums is None:
-            kept = columns[finite]
-            shift = kept.mean(axis=0) if len(kept) else np.zeros(len(labels))
-            scale = kept.std(axis=0) if len(kept) > 1 else np.ones_like(shift)
-            sums = _PowerSums(shift, np.where(scale > 0, scale, 1.0))
-            own_sums = _PowerSums(shift, sums.scale) if pool.own is not None else None
-        weight = np.exp(log_weights[rows] - np.max(log_weights))
-        sums.add(columns[finite], weight[finite], from_q[rows][finite].astype(float))
-        if pool.own is not None:
+    for index, offset in enumerate(pool.offsets):
+        chunks, labels, own_chunks = _columns(approx, pool, names, index, cache)
+        for first, columns in chunks:
+            rows = slice(offset + first, offset + first + len(columns))
+            finite = np.all(np.isfinite(columns), axis=1)
+            if sums is None:
+                kept = columns[finite]
+                shift = kept.mean(axis=0) if len(kept) else np.zeros(len(labels))
+                scale = kept.std(axis=0) if len(kept) > 1 else np.ones_like(shift)
+                sums = _PowerSums(shift, np.where(scale > 0, scale, 1.0))
+                own_sums = _PowerSums(shift, sums.scale) if pool.own is not None else None
+            weight = np.exp(log_weights[rows] - np.max(log_weights))
+            sums.add(columns[finite], weight[finite], from_q[rows][finite].astype(float))
+        for own_columns in own_chunks:
             own_finite = own_columns[np.all(np.isfinite(own_columns), axis=1)]
             own_sums.add(own_finite, np.ones(len(own_finite)), np.ones(len(own_finite)))
     _normalise(sums)
