@@ -188,8 +188,9 @@ def parse_fit_options(
     compile_kwargs_for(backend, compile_kwargs)  # validates backend vs compile_kwargs
     # an automatic fit on full data takes tens to hundreds of steps, so compiling is most
     # of its time to a result: with no backend named, build it where that is quickest
-    # (target.quick_compile_backend). Fixed-step and minibatch fits run many more steps
-    # and keep PyMC's default, which runs each step fastest.
+    # (target.quick_compile_backend), unless the data make each evaluation the cost.
+    # Fixed-step and minibatch fits run many more steps and keep PyMC's default, which runs
+    # each step fastest.
     long_fit = rates is not None or target.minibatch
     return FitOptions(
         learning_rate=rates,
@@ -200,7 +201,11 @@ def parse_fit_options(
         compile_kwargs=dict(compile_kwargs or {}),
         include_transformed=bool(include_transformed),
         tol=tol,
-        compile_backend=backend if long_fit else quick_compile_backend(backend, compile_kwargs),
+        compile_backend=(
+            backend
+            if long_fit
+            else quick_compile_backend(backend, compile_kwargs, target.data_size)
+        ),
         check_draws=int(check_draws),
     )
 

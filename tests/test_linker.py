@@ -5,6 +5,7 @@ module, the plumbing and the kernels of NumPy ufuncs are not."""
 from __future__ import annotations
 
 import numpy as np
+import pymc as pm
 import pytensor
 import pytensor.scalar as ps
 import pytensor.tensor as pt
@@ -13,7 +14,8 @@ from pytensor.compile.mode import Mode
 from pytensor.tensor.elemwise import Elemwise
 
 from pymc_gpf.linker import QuickCVMLinker, numpy_is_enough
-from pymc_gpf.target import QUICK_C, compile_kwargs_for
+from pymc_gpf.options import parse_fit_options
+from pymc_gpf.target import LARGE_DATA, QUICK_C, batched_target, compile_kwargs_for
 
 
 def test_quick_c_computes_the_graph_with_c_kernels_and_numpy_plumbing():
@@ -64,3 +66,18 @@ def test_quick_c_computes_integer_shape_arithmetic_beyond_int8():
     mode = Mode(QuickCVMLinker(use_cloop=True), None)  # the kernel as written, not rewritten
     fn = pytensor.function([n, m], Elemwise(kernel)(n, m), mode=mode)
     assert fn(250, 250) and fn(1, 7) and not fn(3, 250)
+
+
+def test_an_automatic_fit_of_much_data_compiles_with_pymc_s_default():
+    """quick_c builds fastest, but runs a fused kernel as one NumPy pass over the data per
+    operation: from ``LARGE_DATA`` observed scalars an automatic fit compiles with PyMC's
+    default (numba) instead; a backend the user names is kept, and fixed steps always take
+    PyMC's default."""
+    for rows, expected in ((1000, QUICK_C), (LARGE_DATA, None)):
+        with pm.Model() as model:
+            mu = pm.Normal("mu")
+            pm.Normal("y", mu, 1.0, observed=np.zeros(rows))
+        target = batched_target(model)
+        assert parse_fit_options(target, "sgd").compile_backend == expected
+        assert parse_fit_options(target, "sgd", backend="c").compile_backend == "c"
+        assert parse_fit_options(target, "sgd", learning_rate=0.1).compile_backend is None
