@@ -89,7 +89,7 @@ def parse_structure(
         if kind == HIERARCHICAL:
             if locals_ is None:
                 raise ValueError(
-                    "structure='hierarchical' is a structure of GF (method='gf'); this method "
+                    "structure='hierarchical' is a structure of GF and GPF; this method "
                     "takes 'full', 'diagonal', 'variables' or a list of lists of names."
                 )
             found = locals_()

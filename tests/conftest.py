@@ -58,6 +58,39 @@ def assert_matches_nuts(reference, approx, names, seed=1):
         np.testing.assert_array_less(np.abs(sd / ref_sd - 1), 0.15, err_msg=name)
 
 
+def linear_hierarchy_model(groups: int = 40, per_group: int = 5):
+    """``a_j ~ N(mu + beta x_j, 1)``, ``y_jk ~ N(a_j, 1)``: a Gaussian posterior in
+    ``(mu, beta, a)`` whose precision is an arrow (the hierarchical structure's family
+    holds it), and that posterior's mean and covariance."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=groups)
+    a = 0.5 + 1.5 * x + rng.normal(size=groups)
+    y = a[:, None] + rng.normal(size=(groups, per_group))
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0, 5)
+        beta = pm.Normal("beta", 0, 2)
+        group = pm.Normal("a", mu + beta * x, 1, shape=groups)
+        pm.Normal("y", group[:, None], 1, observed=y)
+    # log p = -1/2 sum_f (w_f . theta - c_f)^2 / s_f^2 over theta = (mu, beta, a)
+    d = 2 + groups
+    precision, shift = np.zeros((d, d)), np.zeros(d)
+
+    def factor(w, c, s):
+        precision[:] += np.outer(w, w) / s**2
+        shift[:] += w * c / s**2
+
+    factor(np.eye(d)[0], 0.0, 5.0)
+    factor(np.eye(d)[1], 0.0, 2.0)
+    for j in range(groups):
+        w = np.zeros(d)
+        w[[0, 1, 2 + j]] = -1.0, -x[j], 1.0
+        factor(w, 0.0, 1.0)
+        for k in range(per_group):
+            factor(np.eye(d)[2 + j], y[j, k], 1.0)
+    cov = np.linalg.inv(precision)
+    return model, cov @ shift, cov
+
+
 def eight_schools() -> pm.Model:
     """Eight schools, non-centred: a funnel in tau, where 20 particles' quadrature is too
     coarse for GPF's fixed point."""

@@ -88,7 +88,7 @@ BAD_OPTIONS = [
     ("gf", {"init_scale": float("nan")}, {}, ValueError, "init_scale must be a positive finite"),
     ("gf", {"structure": "banded"}, {}, ValueError, "Unknown structure 'banded'"),
     ("gf", {"structure": "hierarchical"}, {}, ValueError, "no free variable whose coordinates"),
-    ("gpf", {"structure": "hierarchical"}, {}, ValueError, "is a structure of GF"),
+    ("gpf", {"structure": "hierarchical"}, {}, ValueError, "no free variable whose coordinates"),
     ("wvgd", {"n_particles": 0}, {}, ValueError, "n_particles must be an integer >= 1"),
     ("wvgd", {"n_particles": 2.5}, {}, ValueError, "n_particles must be an integer"),
     (

@@ -36,7 +36,7 @@ from pymc_gpf.start import initial_centre
 from pymc_gpf.stepgraph import StepGraph, share, share_transform, standard_normal
 from pymc_gpf.structure import Structure, find_locals, parse_structure
 
-__all__ = ["GF", "GFApproximation", "fit_inside"]
+__all__ = ["GF", "GFApproximation", "arrow_points", "fit_inside", "model_locals"]
 
 
 class GFApproximation(GaussianApproximation):
@@ -269,15 +269,7 @@ class GF(FlowInference):
         return GFApproximation(self, mean.astype(self.target.dtype), factors)
 
     def _find_locals(self, centre: np.ndarray) -> Structure | None:
-        """The hierarchical structure of the model (:func:`pymc_gpf.structure.find_locals`),
-        probed once per model."""
-        target = self.target
-        return target.remember(
-            "hierarchical",
-            lambda: find_locals(
-                target, lambda x: target.quick_gradient()(x), centre, np.random.default_rng(0)
-            ),
-        )
+        return model_locals(self.target, centre)
 
     def _narrow_start(self, factor: float) -> bool:
         for f in self.approx.shared_factors:
@@ -378,6 +370,28 @@ class GF(FlowInference):
             state, noise, self.target, self.structure, self.learning_rates[0], weights
         )
         return StepGraph(state, new, info)
+
+
+def model_locals(target, centre: np.ndarray) -> Structure | None:
+    """The hierarchical structure of the model (:func:`pymc_gpf.structure.find_locals`),
+    probed once per model (from ``centre``)."""
+    return target.remember(
+        "hierarchical",
+        lambda: find_locals(
+            target, lambda x: target.quick_gradient()(x), centre, np.random.default_rng(0)
+        ),
+    )
+
+
+def arrow_points(q: GaussianQ, noise: np.ndarray, structure: Structure) -> np.ndarray:
+    """``mu + Gamma z`` for standard normals ``noise`` ``(S, G + D_l)`` (globals' columns
+    first) and the arrow factor of the hierarchical structure, ``O(S D G)``."""
+    (g, loc), (lower, scales), coupling = structure.blocks, q.factors, q.coupling
+    z_g, z_l = noise[:, : len(g)], noise[:, len(g) :]
+    out = np.empty((len(noise), q.ndim), dtype=q.mean.dtype)
+    out[:, g] = q.mean[g] + z_g @ lower.T
+    out[:, loc] = q.mean[loc] + z_g @ coupling.T + z_l * scales
+    return out
 
 
 def fit_inside(

@@ -19,7 +19,7 @@ class GPFConfig(MethodConfig):
     model's dimension when the particles are drawn."""
 
     n_particles: int | str = AUTO
-    structure: str | Sequence[Sequence[str]] = "full"
+    structure: str | Sequence[Sequence[str]] = AUTO
     natural_mean: bool | None = None
     cloud: str = "auto"
     init: str = "initial_point"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import warnings
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from functools import cached_property
+from functools import cache, cached_property
 from typing import ClassVar
 
 import numpy as np
@@ -22,11 +22,15 @@ from pymc_gpf.control import Control, Deterministic
 from pymc_gpf.engine import FRESH_STREAM, VIEW_STREAM, FlowInference
 from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
+from pymc_gpf.gf import GF, arrow_points, model_locals
+from pymc_gpf.gf.parameters import automatic_structure
 from pymc_gpf.gpf import flow, held
 from pymc_gpf.gpf.config import GPFConfig
 from pymc_gpf.gpf.fresh import fresh_draws_fit
 from pymc_gpf.gpf.particles import (
     BIAS_DRAWS,
+    MAX_DEFAULT_PARTICLES,
+    MIN_DEFAULT_PAIRS,
     ParticleStages,
     biased_message,
     can_double,
@@ -64,28 +68,50 @@ class GPFApproximation(ParticlesMixin, GaussianApproximation):
         """The block structure of the flow (§3.5): full, diagonal or blocks of variables."""
         return self.inference.structure
 
-    @cached_property
+    @property
+    def arrow(self):
+        """With the hierarchical structure, the arrow-factored Gaussian that GF's flow fitted
+        (:class:`~pymc_gpf.gf.GFApproximation`, whose q this fit reports; the particles then
+        show it); else ``None``."""
+        return self.inference.arrow
+
+    @property
+    def params(self) -> list:
+        """Shared variables of the fitted state: the particles (the arrow's mean and factors
+        with the hierarchical structure)."""
+        return self.arrow.params if self.arrow is not None else [self.shared_particles]
+
+    @property
     def mean(self) -> pt.TensorVariable:
         """The particle mean ``m`` (eq. 13) in flat unconstrained space, a PyTensor
         expression (``.eval()``)."""
-        return self.shared_particles.mean(axis=0)
+        return self.arrow.mean if self.arrow is not None else self._particle_moments[0]
 
-    @cached_property
+    @property
     def std(self) -> pt.TensorVariable:
         """Square roots of the diagonal of ``C`` (eq. 15, with ``1/N``)."""
-        return pt.sqrt(pt.mean(pt.square(self.shared_particles - self.mean), axis=0))
+        return self.arrow.std if self.arrow is not None else self._particle_moments[1]
 
-    @cached_property
+    @property
     def cov(self) -> pt.TensorVariable:
         """The empirical covariance ``C = (1/N) sum_i (x_i - m)(x_i - m)^T`` (eq. 15),
         block-diagonal as the structure says; a PyTensor expression (forms a ``D x D``
         matrix, unlike the fit)."""
-        z = self.shared_particles - self.mean
+        if self.arrow is not None:
+            return self.arrow.cov
+        z = self.shared_particles - self._particle_moments[0]
         cov = pt.dot(z.T, z) / z.shape[0]
         return cov if self.structure.kind == "full" else cov * self.structure.mask()
 
+    @cached_property
+    def _particle_moments(self) -> tuple[pt.TensorVariable, pt.TensorVariable]:
+        mean = self.shared_particles.mean(axis=0)
+        return mean, pt.sqrt(pt.mean(pt.square(self.shared_particles - mean), axis=0))
+
     def gaussian(self) -> GaussianQ:
         """The fitted ``q = N(m, C)`` (NumPy; degenerate when ``N <= D``)."""
+        if self.arrow is not None:
+            return self.arrow.gaussian()
         return flow.gaussian_q(self.particles, self.structure)
 
     def _why_singular(self) -> str:
@@ -94,6 +120,11 @@ class GPFApproximation(ParticlesMixin, GaussianApproximation):
 
     def _method_group(self) -> xr.Dataset:
         return self._points_dataset(self.particles, "particle", self.inference.settings())
+
+
+def arrow_particles(structure: Structure) -> int:
+    """Particles showing an arrow q: antithetic pairs on the globals and one local."""
+    return 2 * (len(structure.blocks[0]) + 1)
 
 
 class GPF(FlowInference):
@@ -123,7 +154,14 @@ class GPF(FlowInference):
         only (Theorem 3).
     structure
         ``"full"``, ``"diagonal"`` (mean field), ``"variables"`` (one block per free
-        variable) or a list of lists of variable names (block-diagonal, §3.5).
+        variable), a list of lists of variable names (block-diagonal, §3.5),
+        ``"hierarchical"`` or ``"auto"`` (default). ``"hierarchical"`` (GF's arrow factor
+        over a hierarchical model's globals and group effects, see :class:`pymc_gpf.GF`):
+        particles cannot hold it (``N`` of them span ``N - 1`` directions), so GF's flow
+        with fresh draws fits it and the particles show the result. ``"auto"``: that where
+        the automatic cloud could not span the model (``2 D`` above
+        ``MAX_DEFAULT_PARTICLES`` = 1000) and the model has locals and at most 200 globals,
+        else ``"full"``.
     natural_mean
         Precondition the mean step by ``C`` (the natural-gradient shift after Theorem 2).
         Default: on with the automatic step size (where it is part of the natural flow), off
@@ -154,7 +192,7 @@ class GPF(FlowInference):
         self,
         n_particles: int | str = AUTO,
         *,
-        structure: str | Sequence[Sequence[str]] = "full",
+        structure: str | Sequence[Sequence[str]] = AUTO,
         natural_mean: bool | None = None,
         cloud: str = "auto",
         init: str = "initial_point",
@@ -177,7 +215,8 @@ class GPF(FlowInference):
 
     def _initialise(self) -> GPFApproximation:
         config, target = self.config, self.target
-        self.structure = parse_structure(config.structure, target)
+        centre = cache(lambda: initial_centre(target, self._start, config.init, self._init_rng))
+        self.structure = self._resolve_structure(centre)
         self._stages = ParticleStages()
         self._fresh = None  # GF's fit that continued this run (fresh.py), its trace to record
         self._gf = None  # and the one that continues any refine (saved as its continuation)
@@ -186,12 +225,26 @@ class GPF(FlowInference):
             particles = check_particles(self.initial_particles, target.dtype, target.labels, "N", 2)
             self.resolved = replace(config, n_particles=len(particles))
             return GPFApproximation(self, particles)
+        n = arrow_particles(self.structure) if self.structure.hierarchical else config.n_particles
         particles = start_cloud(
-            config.n_particles, config.cloud, config.init_scale, target.ndim,
-            lambda: initial_centre(target, self._start, config.init, self._init_rng),
-            self._init_rng, target.dtype,
+            n, config.cloud, config.init_scale, target.ndim, centre, self._init_rng, target.dtype,
         )  # fmt: skip
         return GPFApproximation(self, particles)
+
+    def _resolve_structure(self, centre: Callable[[], np.ndarray]) -> Structure:
+        """The structure option, ``"auto"`` resolved (see :class:`GPF`); ``centre()`` is the
+        starting point, where the hierarchical structure is probed."""
+        target, config = self.target, self.config
+
+        def find() -> Structure | None:
+            return model_locals(target, centre())
+
+        if config.structure != AUTO:
+            return parse_structure(config.structure, target, find)
+        spans = 2 * max(target.ndim, MIN_DEFAULT_PAIRS) <= MAX_DEFAULT_PARTICLES
+        if spans or not config.auto_particles or self.initial_particles is not None:
+            return parse_structure("full", target)
+        return automatic_structure(target, find)
 
     def _narrow_start(self, factor: float) -> bool:
         if self.initial_particles is not None:  # the user's points: theirs to move
@@ -235,6 +288,27 @@ class GPF(FlowInference):
 
     def load_continuation(self, inner) -> None:
         self._gf = inner
+        if self.structure.hierarchical:
+            self._adopt(inner)
+
+    @property
+    def arrow(self):
+        """GF's fit of the hierarchical structure (its approximation), once it has run."""
+        return self._gf.approx if self.structure.hierarchical and self._gf is not None else None
+
+    def prepare(self, options: FitOptions) -> None:
+        if not self.structure.hierarchical:
+            super().prepare(options)
+            return
+        # GF's flow fits the arrow (_run): no particle step to compile
+        if not options.auto or options.more_obj_params:
+            raise ValueError(
+                "structure='hierarchical' takes the automatic step size and no "
+                "more_obj_params (GF's arrow flow fits it); pass structure='full' to GPF for "
+                "those, or fit the hierarchical structure with method='gf'."
+            )
+        self.fit_options, self.step, self.state_vars = options, None, {}
+        self.control, self.hyper, self._hyper_fn = self._control(options), None, None
 
     def _control(self, options: FitOptions) -> Control:
         if options.auto and self._line_search:
@@ -340,6 +414,9 @@ class GPF(FlowInference):
         n, base = len(self.approx.particles), []
 
         def show(gf) -> None:
+            if self.structure.hierarchical:
+                self.approx.shared_particles.set_value(self._arrow_cloud(gf))
+                return
             if not base:
                 rng = np.random.default_rng(self.stream(VIEW_STREAM))
                 base.append(antithetic_cloud(n, gf.approx.factor.shape[1], rng))
@@ -362,9 +439,21 @@ class GPF(FlowInference):
 
         return [*callbacks, saw]
 
+    def _arrow_cloud(self, gf) -> np.ndarray:
+        """The particles showing GF's arrow q: points of it, from standard normals drawn
+        once per fit from a stream of their own (so showing them changes no result)."""
+        rng = np.random.default_rng(self.stream(VIEW_STREAM))
+        noise = rng.standard_normal((len(self.approx.particles), self.target.ndim))
+        return arrow_points(gf.approx.gaussian(), noise, self.structure).astype(self.target.dtype)
+
     def _adopt(self, gf) -> None:
-        """The particles represent GF's q exactly (same mean and covariance)."""
+        """The particles represent GF's q exactly (same mean and covariance); an arrow q,
+        which particles cannot span, they show as points of it."""
         n = len(self.approx.particles)
+        if self.structure.hierarchical:
+            self.approx.shared_particles.set_value(self._arrow_cloud(gf))
+            self._stages.final_free_energy = gf.final_free_energy
+            return
         cloud = cloud_of(gf.approx.mean.get_value(), gf.approx.factor, n, self._method_rng)
         self._auto.restart(cloud.astype(self.target.dtype))
         self._stages.final_free_energy = gf.final_free_energy
@@ -377,6 +466,9 @@ class GPF(FlowInference):
 
     def _run(self, n: int, progressbar: bool, progressbar_theme) -> None:
         self._step_limit = self.state.i + n  # what a continuation with fresh draws may take
+        if self.structure.hierarchical and self._gf is None:
+            self._arrow_fit(n, progressbar)
+            return
         if self._gf is None or not n:
             super()._run(n, progressbar, progressbar_theme)
             return
@@ -394,6 +486,35 @@ class GPF(FlowInference):
         self.state = self.state._replace(i=len(self.hist))
         self._adopt(gf)
         self._stages.stages[-1]["message"] = gf.outcome.message
+        reason = gf.outcome.reason
+        message = self.end_message(reason)
+        self.record.conclude(fit_outcome(reason, n, len(self.hist), self.fit_options, message))
+        self._give_verdict(reason)
+
+    def _arrow_fit(self, n: int, progressbar: bool) -> None:
+        """The hierarchical structure's first fit: GF's arrow flow from this fit's start,
+        seed and fit keywords (its verdict is this fit's), on record as a stage."""
+        options = self.fit_options
+        seed = int(self.stream(FRESH_STREAM).generate_state(1)[0])
+        gf = GF(structure="hierarchical", init=self.config.init, init_scale=self.config.init_scale,
+                model=self.model, random_seed=seed, start=self._start)  # fmt: skip
+        self._gf = gf
+        self.callbacks_saw = 0
+        keywords = {"tol": options.tol, "backend": options.backend, "check_draws": 0,
+                    "compile_kwargs": options.compile_kwargs,
+                    "include_transformed": options.include_transformed}  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FitWarning)  # the verdict below says it once
+            gf.fit(n, progressbar=progressbar, callbacks=self._callbacks_on_gf(np.empty(0), 0, 0),
+                   **keywords)  # fmt: skip
+        self.record.count(gf.gradient_evaluations, gf.density_evaluations)
+        self.record.extend(gf.hist, gf.step_sizes, False)
+        self.state = self.state._replace(i=len(self.hist))
+        self._stages.stages.append({
+            "step": 0, "n_particles": len(self.approx.particles),
+            "fresh_draws": "hierarchical", "message": gf.outcome.message,
+        })  # fmt: skip
+        self._adopt(gf)
         reason = gf.outcome.reason
         message = self.end_message(reason)
         self.record.conclude(fit_outcome(reason, n, len(self.hist), self.fit_options, message))
@@ -447,6 +568,12 @@ class GPF(FlowInference):
     def _describe(self, reason: str) -> str:
         last = self.stages[-1] if self.stages else {}
         if "fresh_draws" in last:
+            if last["fresh_draws"] == "hierarchical":
+                return (
+                    f"{last['message']}; GF's flow (fresh draws of q every step) fitted the "
+                    "hierarchical structure's arrow factor, which particles cannot span at "
+                    f"D = {self.target.ndim} (the particles show its q)"
+                )
             why = {
                 "biased": "its free energy below an independent estimate",
                 "fresh_cloud": "a fresh cloud of the same Gaussian found it off a fixed point",

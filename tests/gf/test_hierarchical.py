@@ -13,42 +13,12 @@ import pytest
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.structure import find_locals
 from pymc_gpf.target import BatchedTarget
-from tests.conftest import eight_schools
-
-J, N_PER_GROUP = 40, 5
+from tests.conftest import eight_schools, linear_hierarchy_model
 
 
 @pytest.fixture(scope="module")
 def linear_hierarchy():
-    """``a_j ~ N(mu + beta x_j, 1)``, ``y_jk ~ N(a_j, 1)``: a Gaussian posterior in
-    ``(mu, beta, a)`` whose precision is an arrow, and that precision and mean."""
-    rng = np.random.default_rng(11)
-    x = rng.normal(size=J)
-    a = 0.5 + 1.5 * x + rng.normal(size=J)
-    y = a[:, None] + rng.normal(size=(J, N_PER_GROUP))
-    with pm.Model() as model:
-        mu = pm.Normal("mu", 0, 5)
-        beta = pm.Normal("beta", 0, 2)
-        group = pm.Normal("a", mu + beta * x, 1, shape=J)
-        pm.Normal("y", group[:, None], 1, observed=y)
-    # log p = -1/2 sum_f (w_f . theta - c_f)^2 / s_f^2 over theta = (mu, beta, a)
-    d = 2 + J
-    precision, shift = np.zeros((d, d)), np.zeros(d)
-
-    def factor(w, c, s):
-        precision[:] += np.outer(w, w) / s**2
-        shift[:] += w * c / s**2
-
-    factor(np.eye(d)[0], 0.0, 5.0)
-    factor(np.eye(d)[1], 0.0, 2.0)
-    for j in range(J):
-        w = np.zeros(d)
-        w[[0, 1, 2 + j]] = -1.0, -x[j], 1.0
-        factor(w, 0.0, 1.0)
-        for k in range(N_PER_GROUP):
-            factor(np.eye(d)[2 + j], y[j, k], 1.0)
-    cov = np.linalg.inv(precision)
-    return model, cov @ shift, cov
+    return linear_hierarchy_model()
 
 
 def test_arrow_gaussian_density_and_draws():
