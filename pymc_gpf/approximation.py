@@ -87,6 +87,12 @@ class FlowApproximation:
         return self
 
     # --------------------------------------------------------------------- sampling
+    def full_log_density_and_gradient(self, point: np.ndarray) -> tuple[float, np.ndarray]:
+        """``log p(x, y)`` and its gradient at one flat point, of the whole data set."""
+        fn = self._compiled_for("full_logp_dlogp", self.target.compile_full_logp_dlogp)
+        logp, grad = fn(self._check_points(point))
+        return float(logp[0]), np.asarray(grad[0])
+
     def log_density(self, points: np.ndarray) -> np.ndarray:
         """``log p(x, y)`` at flat unconstrained points ``(S, D)`` (log-Jacobian included),
         always of the whole data set (``pm.Minibatch`` data replaced by the full arrays):
@@ -289,6 +295,11 @@ class ParticlesMixin:
         """The particles ``(N, D)`` in flat unconstrained space (a copy)."""
         return self.shared_particles.get_value()
 
+    def centre(self) -> tuple[np.ndarray, np.ndarray]:
+        """The particles' mean and sds: where minibatch control variates anchor."""
+        particles = self.particles
+        return particles.mean(axis=0), np.maximum(particles.std(axis=0), 1e-300)
+
     def _method_group(self) -> xr.Dataset:
         """The particles on a ``particle`` dim and the fit's settings."""
         return self._points_dataset(self.particles, "particle", self.inference.settings())
@@ -316,6 +327,11 @@ class GaussianApproximation(FlowApproximation):
     def _why_singular(self) -> str:
         """What makes C singular, in the method's terms."""
         return "its covariance is singular"
+
+    def centre(self) -> tuple[np.ndarray, np.ndarray]:
+        """q's mean and sds (flat unconstrained): where minibatch control variates anchor."""
+        q = self.gaussian()
+        return q.mean, np.sqrt(np.maximum(q.marginal_variances(), 1e-300))
 
     def location(self) -> tuple[np.ndarray, np.ndarray]:
         """What the stochastic stopping test watches, and its unit: q's mean in units of

@@ -9,6 +9,7 @@ method's controller (:mod:`pymc_gpf.control`) and explains a failure
 
 from __future__ import annotations
 
+import math
 import warnings
 
 from collections.abc import Callable
@@ -64,6 +65,9 @@ WHITEN_STREAM = 8  # WVGD's Gaussian fit whose coordinates it runs in
 # a first step whose points reach where log p is not finite, around a finite centre, is
 # retried from a start this many times narrower, at most MAX_NARROWINGS times
 NARROWING, MAX_NARROWINGS = 0.1, 3
+# minibatch control variates: a new anchor once q's centre moved this many of its sds from it,
+# if the steps since the last evaluated this many times what a new one costs (a quarter more)
+ANCHOR_DRIFT, ANCHOR_SHARE = 2.0, 4
 # learnt hyperparameters are trusted only where q's bound is within this many nats (plus
 # BOUND_GAP_Z Monte Carlo errors of the ELBO) of the importance-sampling log evidence
 BOUND_GAP_LIMIT, BOUND_GAP_Z = 0.05, 3.0
@@ -482,6 +486,7 @@ class FlowInference(Inference):
         self._apply(self.control.resume())
         start = self.state.i
         done = 0
+        self._anchor(start)
         self.run_trace: list[float] = []  # this run's free energies so far, as callbacks see
         # the last step the callbacks saw: a continuation inside a step (GPF's GF) shows
         # them its own steps, after which the step it continued is not shown again
@@ -497,6 +502,7 @@ class FlowInference(Inference):
             self._write_rate()
             stop = decision.stop
             done += 1
+            self._anchor(start + done)
             if self.fit_options.more_obj_params:
                 self.record.hyper_trace.append(flat_values(self.fit_options.more_obj_params))
             if stop is not None:
@@ -548,6 +554,36 @@ class FlowInference(Inference):
             raise explain_failure(failed, self.target, self.approx)
         if n:
             self._give_verdict(result.reason)
+
+    def _anchor(self, step: int) -> None:
+        """Minibatch control variates (:meth:`pymc_gpf.target.BatchedTarget.logp_and_grads`):
+        their anchor is q's centre, where the whole data set is evaluated once (counted as
+        the minibatch gradients it costs, ``1 / fraction``). It moves there again once q's
+        centre is more than :data:`ANCHOR_DRIFT` of q's sds away, the estimates' noise
+        growing with the distance between the rows evaluated and the anchor, provided the
+        steps since the last one evaluated :data:`ANCHOR_SHARE` times as much as it costs;
+        until then the plain minibatch estimates are used (``active`` 0). A stale anchor
+        is no bias, only noise."""
+        anchor, target = self.target.anchor, self.target
+        if anchor is None:
+            return
+        centre, scale = self.approx.centre()
+        moved = np.max(np.abs(centre - anchor.point.get_value()) / scale)
+        if anchor.active.get_value() and not moved > ANCHOR_DRIFT:
+            return
+        cost = math.ceil(1.0 / target.minibatch_fraction)
+        spent = self.record.gradient_evaluations - target.anchor_evaluations
+        if step and spent < ANCHOR_SHARE * cost:
+            anchor.active.set_value(np.asarray(0.0, dtype=anchor.active.dtype))
+            return
+        logp, grad = self.approx.full_log_density_and_gradient(centre)
+        self.record.count(gradients=cost)
+        target.anchor_evaluations = self.record.gradient_evaluations
+        finite = bool(np.isfinite(logp) and np.all(np.isfinite(grad)))
+        if not finite:  # plain minibatch estimates until the next anchor
+            logp, grad = 0.0, np.zeros_like(grad)
+        for var, value in zip(anchor, (centre, logp, grad, float(finite)), strict=True):
+            var.set_value(np.asarray(value, dtype=var.dtype))
 
     def _unseen(self, callbacks: list[Callable]) -> Callable:
         """``callbacks`` in turn, on the steps they have not seen yet."""

@@ -98,6 +98,7 @@ def _checkpoint(inference: FlowInference) -> xr.Dataset:
         "check_root": _json([inference.check_root[0], list(inference.check_root[1])], "seed"),
         "flat_coordinates": _json(inference.target.labels, "labels"),
         "data_rngs": _json(inference.target.data_rng_states(), "minibatch rng state"),
+        "anchor": _json(inference.target.anchor_state(), "the control variates' anchor"),
         "control": _json(inference.control.state(), "the step-size controller's state"),
         "hyper": _json(
             None if inference.hyper is None else inference.hyper.state(), "the hyperparameters"
@@ -323,6 +324,7 @@ def _rebuild(checkpoint: xr.Dataset, hist: np.ndarray, model: pm.Model, devices)
     for key, var in inference.state_vars.items():
         var.set_value(checkpoint[key].values.astype(var.dtype))
     inference.target.set_data_rng_states(json.loads(attrs["data_rngs"]))
+    inference.target.set_anchor_state(json.loads(attrs.get("anchor", "null")))
     inference.control.load(json.loads(attrs["control"]))
     hyper = json.loads(attrs.get("hyper", "null"))
     if hyper is not None and inference.hyper is not None:

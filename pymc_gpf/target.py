@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pymc as pm
@@ -54,6 +54,7 @@ from pymc_gpf.rewrites import batched_graph, with_rewrites
 __all__ = [
     "LARGE_DATA",
     "QUICK_C",
+    "Anchor",
     "BatchedTarget",
     "Coordinates",
     "batched_target",
@@ -507,6 +508,16 @@ class _FlatLayout:
         raise KeyError(name)
 
 
+class Anchor(NamedTuple):
+    """The control variates' anchor (shared variables): a point, the full data's
+    log-density and gradient there, and whether it is set (1) or not yet (0)."""
+
+    point: Variable
+    logp: Variable
+    grad: Variable
+    active: Variable
+
+
 class BatchedTarget(_FlatLayout):
     """A PyMC model seen as ``log p(x)`` on flat unconstrained coordinates ``x`` in ``R^D``:
     the papers' ``phi(x) = -log p(x, y)`` (Galy-Fajou et al. 2021, eq. 2; the log joint
@@ -592,12 +603,60 @@ class BatchedTarget(_FlatLayout):
             generator.bit_generator.state = state
             rng.set_value(generator, borrow=True)
 
+    @cached_property
+    def anchor(self) -> Anchor | None:
+        """With ``pm.Minibatch`` data, the anchor of the log-density's control variates
+        (:meth:`logp_and_grads`); ``None`` on full data."""
+        if not self._rngs:
+            return None
+        zeros = np.zeros(self.ndim, dtype=self.dtype)
+        return Anchor(*(
+            pytensor.shared(np.asarray(value, dtype=self.dtype), name=f"anchor_{name}")
+            for name, value in zip(Anchor._fields, (zeros, 0.0, zeros, 0.0), strict=True)
+        ))  # fmt: skip
+
+    anchor_evaluations = 0  # the fit's gradient evaluations when the anchor was last set
+
+    def anchor_state(self) -> dict | None:
+        """The anchor's values and when it was set (to save a fit and continue it exactly)."""
+        if self.anchor is None:
+            return None
+        values = {k: np.asarray(v.get_value()).tolist() for k, v in self.anchor._asdict().items()}
+        return values | {"evaluations": self.anchor_evaluations}
+
+    def set_anchor_state(self, state: dict | None) -> None:
+        if self.anchor is None or state is None:
+            return
+        for name, var in self.anchor._asdict().items():
+            var.set_value(np.asarray(state[name], dtype=self.dtype))
+        self.anchor_evaluations = int(state["evaluations"])
+
     # ----------------------------------------------------------------- symbolic graphs
     def logp_and_grads(
         self, particles: Variable, wrt: list[Variable] | tuple = ()
     ) -> tuple[Variable, Variable, list[Variable]]:
         """Per-row log-density ``(N,)``, its gradient ``(N, D)``, and ``d sum(logp)/d wrt``;
-        each row evaluated on the device holding it when :attr:`row_sharding` is set."""
+        each row evaluated on the device holding it when :attr:`row_sharding` is set.
+
+        With ``pm.Minibatch`` data, once the :attr:`anchor` is set (``active``), both are
+        control-variate estimates (SVRG, Johnson & Zhang 2013; for stochastic-gradient
+        sampling, Baker et al. 2019): ``f_B(x) - f_B(a) + f(a)`` for the minibatch estimate
+        ``f_B`` (log-density or gradient) at the row and at the anchor ``a`` on the same
+        rows, and the full-data ``f(a)``. Unbiased for any ``a``; with ``a`` near q's
+        centre the minibatch noise is that of ``f_B(x) - f_B(a)``, which vanishes as
+        ``x -> a`` rather than staying of the order of the full-data value."""
+        anchor = self.anchor
+        if anchor is None or wrt:
+            return self._logp_and_grads(particles, wrt)
+        rows = pt.concatenate([particles, anchor.point[None, :]], axis=0)
+        logp, grad, _ = self._logp_and_grads(rows, ())
+        # the anchor's row shares the rows of data the batch drew
+        shift = anchor.active * (anchor.logp - logp[-1])
+        return logp[:-1] + shift, grad[:-1] + anchor.active * (anchor.grad - grad[-1]), []
+
+    def _logp_and_grads(
+        self, particles: Variable, wrt: list[Variable] | tuple = ()
+    ) -> tuple[Variable, Variable, list[Variable]]:
         rows = shard_rows(particles, self.row_sharding)
         if rows is particles and not wrt:
             batched = self._batched(particles, "log-density", gradient=True)
@@ -617,6 +676,13 @@ class BatchedTarget(_FlatLayout):
         particles = pt.matrix("particles", dtype=self.dtype)
         logp, grad, _ = self.logp_and_grads(particles)
         return compile_function([particles], [logp, grad], backend, compile_kwargs)
+
+    def compile_full_logp_dlogp(self, backend: str | None = None):
+        """``X (N, D) -> (logp, dlogp)`` of the whole data set (``pm.Minibatch`` data replaced
+        by the full arrays): the anchor's values for the control variates."""
+        points = pt.matrix("points", dtype=self.dtype)
+        [logp] = vectorize_rows([self._full_data_logp], self._flat, points, what="log-density")
+        return compile_function([points], [logp, pytensor.grad(logp.sum(), points)], backend)
 
     def logp(self, points: Variable, full_data: bool = False) -> Variable:
         """Per-row log-density ``(K,)`` of ``points`` ``(K, D)``, without the gradient;

@@ -164,6 +164,13 @@ class WVGDApproximation(FlowApproximation):
         self.state.mass_count.set_value(seen.astype(self.target.dtype))
         return evaluated
 
+    def centre(self) -> tuple[np.ndarray, np.ndarray]:
+        """The cell-weighted particles' mean and the mixture's sds (where minibatch control
+        variates anchor)."""
+        values, units = self.mixture().rough_location()
+        d = self.target.ndim
+        return values[:d], units[:d]
+
     def location(self) -> tuple[np.ndarray, np.ndarray]:
         """What the stochastic stopping test watches (:meth:`MixtureQ.location`; with
         minibatches :meth:`MixtureQ.rough_location`)."""
