@@ -102,3 +102,29 @@ def test_minibatch_free_energy_is_on_the_full_data_scale(monkeypatch):
     assert estimates.std() < plain.std() / 5  # ...the control variates remove most of it...
     for values in (estimates, plain):  # ...and both are centred on the full-data value
         assert abs(values.mean() - exact) < 4 * values.std() / np.sqrt(len(values))
+
+
+@pytest.mark.parametrize("method", ["gf", "gpf"])
+def test_a_minibatch_regression_converges_in_a_few_epochs(method):
+    """n = 5000 rows, minibatches of 100, 6 coefficients and sigma known: the posterior is
+    Gaussian in closed form. With the control variates both methods stop by themselves in
+    under 20 epochs (2000 steps; 26 200 steps without them), q within 0.1 sd and 10 % of the
+    posterior and trustworthy."""
+    rng = np.random.default_rng(0)
+    n, d = 5000, 5
+    x = rng.normal(size=(n, d))
+    y = 1.0 + x @ np.array([1.0, -2.0, 0.5, 3.0, 0.0]) + rng.normal(size=n)
+    design = np.column_stack([np.ones(n), x])
+    cov = np.linalg.inv(design.T @ design + np.eye(d + 1) / 100.0)
+    mean, sd = cov @ design.T @ y, np.sqrt(np.diag(cov))
+    x_batch, y_batch = pm.Minibatch(x, y, batch_size=100)
+    with pm.Model() as model:
+        a = pm.Normal("a", 0, 10)
+        b = pm.Normal("b", 0, 10, shape=d)
+        pm.Normal("y", a + x_batch @ b, 1.0, observed=y_batch, total_size=n)
+    approx = pm.fit(method=method, model=model, random_seed=1, progressbar=False)
+    assert approx.outcome.converged and len(approx.hist) <= 2000
+    assert approx.outcome.verdict == "trustworthy"
+    q = approx.gaussian()
+    np.testing.assert_array_less(np.abs(q.mean - mean) / sd, 0.1)
+    np.testing.assert_array_less(np.abs(np.sqrt(q.marginal_variances()) / sd - 1), 0.1)
