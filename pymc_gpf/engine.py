@@ -442,9 +442,11 @@ class FlowInference(Inference):
         return self.approx.draw(draws, rng), False
 
     def _hyperparameters_moved(self) -> None:
-        """θ moved: q converges again, from where it is, with a fresh schedule."""
+        """θ moved: q converges again, from where it is, with a fresh schedule (and the
+        minibatch control variates' anchor is evaluated again at the new θ)."""
         self.control = self._control(self.fit_options)
         self._write_rate()
+        self._anchor(force=True)
 
     def end_message(self, reason: str) -> str:
         """How the fit ended, in words (the hyperparameters' test included)."""
@@ -486,7 +488,7 @@ class FlowInference(Inference):
         self._apply(self.control.resume())
         start = self.state.i
         done = 0
-        self._anchor(start)
+        self._anchor(force=start == 0)
         self.run_trace: list[float] = []  # this run's free energies so far, as callbacks see
         # the last step the callbacks saw: a continuation inside a step (GPF's GF) shows
         # them its own steps, after which the step it continued is not shown again
@@ -502,7 +504,7 @@ class FlowInference(Inference):
             self._write_rate()
             stop = decision.stop
             done += 1
-            self._anchor(start + done)
+            self._anchor()
             if self.fit_options.more_obj_params:
                 self.record.hyper_trace.append(flat_values(self.fit_options.more_obj_params))
             if stop is not None:
@@ -555,26 +557,32 @@ class FlowInference(Inference):
         if n:
             self._give_verdict(result.reason)
 
-    def _anchor(self, step: int) -> None:
+    def _anchor(self, force: bool = False) -> None:
         """Minibatch control variates (:meth:`pymc_gpf.target.BatchedTarget.logp_and_grads`):
         their anchor is q's centre, where the whole data set is evaluated once (counted as
-        the minibatch gradients it costs, ``1 / fraction``). It moves there again once q's
-        centre is more than :data:`ANCHOR_DRIFT` of q's sds away, the estimates' noise
+        the minibatch gradients it costs, ``1 / fraction``): before the first step, after
+        the hyperparameters moved (``force``: the anchor's values depend on them), and once
+        q's centre is more than :data:`ANCHOR_DRIFT` of q's sds away, the estimates' noise
         growing with the distance between the rows evaluated and the anchor, provided the
         steps since the last one evaluated :data:`ANCHOR_SHARE` times as much as it costs;
-        until then the plain minibatch estimates are used (``active`` 0). A stale anchor
-        is no bias, only noise."""
-        anchor, target = self.target.anchor, self.target
+        until then the plain minibatch estimates are used (``active`` 0): a stale anchor is
+        no bias, only noise. Hyperparameters learnt at a fixed step move every step: no
+        control variates there."""
+        anchor, target, options = self.target.anchor, self.target, self.fit_options
         if anchor is None:
+            return
+        off = np.zeros((), dtype=anchor.active.dtype)
+        if options.more_obj_params and not options.auto:
+            anchor.active.set_value(off)
             return
         centre, scale = self.approx.centre()
         moved = np.max(np.abs(centre - anchor.point.get_value()) / scale)
-        if anchor.active.get_value() and not moved > ANCHOR_DRIFT:
+        if not force and anchor.active.get_value() and not moved > ANCHOR_DRIFT:
             return
         cost = math.ceil(1.0 / target.minibatch_fraction)
         spent = self.record.gradient_evaluations - target.anchor_evaluations
-        if step and spent < ANCHOR_SHARE * cost:
-            anchor.active.set_value(np.asarray(0.0, dtype=anchor.active.dtype))
+        if not force and spent < ANCHOR_SHARE * cost:
+            anchor.active.set_value(off)
             return
         logp, grad = self.approx.full_log_density_and_gradient(centre)
         self.record.count(gradients=cost)
