@@ -50,6 +50,11 @@ def large_child(payload: dict) -> dict:
         return {}
     model = cases.hierarchical_normal(groups)
     start, out = time.perf_counter(), {}
+    if method == "gf_steps":  # the step alone, on a second fit without the verdict
+        harness.fit_defaults("gf", model, check_draws=0)
+        again = time.perf_counter()
+        refit = harness.fit_defaults("gf", model, seed=2, check_draws=0)
+        return {"ms_per_step": 1e3 * (time.perf_counter() - again) / refit.steps}
     if method == "nuts":
         run = harness.nuts(model, draws=payload["nuts_draws"], tune=payload["nuts_draws"])
         values, out["warned"], out["seconds"] = run.values, run.warned, run.seconds
@@ -110,6 +115,11 @@ def large(ctx) -> str:
                              f"{out['peak_mb']:.0f}", fmt(out["eps_mu"], 2), pct(out["eps_sd"]),
                              out["ends"] + ("" if out["warned"] else "; silent")])  # fmt: skip
                 print(f"  J = {groups} {method}: {out['seconds']:.1f} s", flush=True)
+    for groups in ctx.pick([], [100_000]):  # GF's step only: NUTS would take hours
+        out = harness.run_child(dict(kind="large", groups=groups, method="gf_steps"))
+        if "ms_per_step" in out:
+            per_step[groups + 2] = ctx.record(f"J = {groups}", "gf", "ms_per_step",
+                                              out["ms_per_step"], "ms")  # fmt: skip
     table = md_table(["method", "J", "seconds", "÷ NUTS", "peak memory (MB)", "max ε_μ",
                       "max ε_σ", "ends; verdict"], rows, left=2)  # fmt: skip
     exponent = "—"
