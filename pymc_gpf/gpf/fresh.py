@@ -18,7 +18,7 @@ import numpy as np
 
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gf import GF, fit_inside
-from pymc_gpf.options import FitOptions
+from pymc_gpf.options import AUTO, FitOptions
 
 __all__ = ["fresh_draws_fit"]
 
@@ -42,7 +42,11 @@ def fresh_draws_fit(
     """GF from ``q`` for at most ``steps`` steps (the fit keywords ``options``, no verdict of
     its own, ``callbacks`` on its steps); ``None`` where GF's factors cannot hold q (a rank
     GF would not choose)."""
-    gf = GF(structure=inference.config.structure, model=inference.model, random_seed=seed)
+    # GPF's structure as resolved: "auto" would let GF choose its own (the arrow above
+    # D = 64), whose factors cannot hold the particles' q
+    structure = inference.config.structure
+    gf = GF(structure=inference.structure.kind if structure == AUTO else structure,
+            model=inference.model, random_seed=seed)  # fmt: skip
     start = [q.mean, *_square_factors(q)]
     if [p.get_value().shape for p in gf.approx.params] != [a.shape for a in start]:
         return None

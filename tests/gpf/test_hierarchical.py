@@ -12,6 +12,8 @@ import pytest
 import pymc_gpf
 
 from benchmarks.cases import hierarchical_normal
+from pymc_gpf.gpf.fresh import fresh_draws_fit
+from pymc_gpf.options import parse_fit_options
 from tests.conftest import linear_hierarchy_model
 
 
@@ -74,3 +76,16 @@ def test_the_arrow_refuses_a_fixed_step_with_what_to_do(linear_hierarchy):
     with pytest.raises(ValueError, match=r"takes the automatic step size.*structure='full'"):
         pm.fit(method="gpf", model=model, learning_rate=0.01,
                inf_kwargs={"structure": "hierarchical"})  # fmt: skip
+
+
+def test_gf_continues_gpf_with_gpf_s_own_structure():
+    """Where the particles' fixed point is off the optimum GF continues from their Gaussian:
+    with the structure GPF resolved (full here, D = 72), not GF's own automatic choice (the
+    arrow above D = 64, whose factors cannot take the particles' q: GPF then ended "biased"
+    on a centred radon model)."""
+    gpf = pymc_gpf.GPF(model=hierarchical_normal(70, per_group=2), random_seed=1)
+    assert gpf.structure.kind == "full"
+    options = parse_fit_options(gpf.target, gpf.default_optimizer)
+    gf = fresh_draws_fit(gpf.approx.gaussian(), gpf, options, 3, seed=2)
+    assert gf is not None and gf.structure.kind == "full"
+    np.testing.assert_allclose(gf.approx.gaussian().mean, gpf.approx.gaussian().mean, atol=1)
