@@ -328,17 +328,21 @@ class GaussianApproximation(FlowApproximation):
         """What makes C singular, in the method's terms."""
         return "its covariance is singular"
 
-    def centre(self) -> tuple[np.ndarray, np.ndarray]:
-        """q's mean and sds (flat unconstrained): where minibatch control variates anchor."""
+    def _mean_and_sd(self) -> tuple[np.ndarray, np.ndarray]:
+        """q's mean and sds, flat unconstrained (GPF's particles mixin has its own
+        :meth:`centre`, so :meth:`location` reads this one by name)."""
         q = self.gaussian()
         return q.mean, np.sqrt(np.maximum(q.marginal_variances(), 1e-300))
+
+    def centre(self) -> tuple[np.ndarray, np.ndarray]:
+        """q's mean and sds: where minibatch control variates anchor."""
+        return self._mean_and_sd()
 
     def location(self) -> tuple[np.ndarray, np.ndarray]:
         """What the stochastic stopping test watches, and its unit: q's mean in units of
         its sds and the log of its sds (unit 1: a relative error), ``(values, units)``."""
-        q = self.gaussian()
-        sd = np.sqrt(np.maximum(q.marginal_variances(), 1e-300))
-        return np.concatenate([q.mean, np.log(sd)]), np.concatenate([sd, np.ones_like(sd)])
+        mean, sd = self._mean_and_sd()
+        return np.concatenate([mean, np.log(sd)]), np.concatenate([sd, np.ones_like(sd)])
 
     def proposal(self, ridge, rng):
         q = self.gaussian()
