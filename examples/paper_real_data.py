@@ -309,6 +309,8 @@ def logistic(ctx) -> str:
 
 # ------------------------------------------------------------------------------------ bnn
 BNN_METHODS = [
+    Method("GF (defaults)", "gf"),
+    Method("GPF (defaults)", "gpf"),
     Method("GPF full (N = 11)", "gpf", {"n_particles": 11}, RMS),
     Method("GPF variables (N = 11)", "gpf", {"n_particles": 11, "structure": "variables"}, RMS),
     Method("GPF diagonal (N = 11)", "gpf", {"n_particles": 11, "structure": "diagonal"}, RMS),

@@ -7,7 +7,7 @@ density, and a regularised density for a degenerate ``C``. Nothing forms a ``D x
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -50,6 +50,10 @@ class GaussianQ:
     ``coupling`` ``C`` ``(D_1, K_0)`` adds ``C xi_0`` to block 1 (``xi_0`` block 0's standard
     normals): the arrow factor ``[[F_0, 0], [C, diag(F_1)]]`` of GF's hierarchical
     structure, whose block 0 is square and of full rank.
+
+    ``loadings`` ``U`` ``(D, K)`` adds ``U xi`` (``xi`` ``K`` standard normals of its own) to
+    every coordinate: with one block of scales, ``C = U U^T + diag(s^2)``, GF's low-rank
+    structure (density by Woodbury's identity, ``O(S D K)``).
     """
 
     mean: np.ndarray
@@ -57,6 +61,7 @@ class GaussianQ:
     factors: tuple[np.ndarray, ...]
     ridge: float | None = None
     coupling: np.ndarray | None = None
+    loadings: np.ndarray | None = None
 
     @cached_property
     def _bases(self) -> tuple[_Basis | None, ...]:
@@ -108,17 +113,24 @@ class GaussianQ:
             out[b] = np.square(f) if f.ndim == 1 else np.sum(np.square(f), axis=1)
         if self.coupling is not None:
             out[self.blocks[1]] += np.sum(np.square(self.coupling), axis=1)
+        if self.loadings is not None:
+            out += np.sum(np.square(self.loadings), axis=1)
         return out
 
     def with_ridge(self, ridge: float) -> GaussianQ:
-        return GaussianQ(self.mean, self.blocks, self.factors, float(ridge), self.coupling)
+        return replace(self, ridge=float(ridge))
 
     def widened(self, factor: float) -> GaussianQ:
         """The same Gaussian with ``factor`` times its standard deviations."""
+
+        def times(a):
+            return None if a is None else a * factor
+
         ridge = None if self.ridge is None else self.ridge * factor**2
-        coupling = None if self.coupling is None else self.coupling * factor
         factors = tuple(f * factor for f in self.factors)
-        return GaussianQ(self.mean, self.blocks, factors, ridge, coupling)
+        return GaussianQ(
+            self.mean, self.blocks, factors, ridge, times(self.coupling), times(self.loadings)
+        )
 
     # ----------------------------------------------------------------------- draws
     def sample(self, draws: int, rng: np.random.Generator) -> np.ndarray:
@@ -135,6 +147,8 @@ class GaussianQ:
                 first = xi if first is None else first
         if self.coupling is not None:
             out[:, self.blocks[1]] += first @ self.coupling.T
+        if self.loadings is not None:
+            out += rng.standard_normal((draws, self.loadings.shape[1])) @ self.loadings.T
         if self.ridge is not None:
             for b, basis in zip(self.blocks, self._bases, strict=True):
                 if basis is not None and basis.u.shape[1] < len(b):
@@ -169,6 +183,12 @@ class GaussianQ:
             dev[:, self.blocks[1]] -= xi @ self.coupling.T
         squared = np.zeros(len(dev))
         constant = np.zeros(len(dev))
+        if self.loadings is not None:  # Woodbury: minus the part the loadings explain
+            whitened = self.loadings / self.factors[0][:, None]
+            chol = np.linalg.cholesky(np.eye(whitened.shape[1]) + whitened.T @ whitened)
+            explained = np.linalg.solve(chol, ((dev / self.factors[0]) @ whitened).T).T
+            squared -= np.sum(np.square(explained), axis=1)
+            constant -= np.sum(np.log(np.diag(chol)))
         for b, f, basis in zip(self.blocks, self.factors, self._bases, strict=True):
             x = dev[:, b]
             if basis is None:

@@ -29,13 +29,16 @@ from pymc_gpf.target import BatchedTarget
 __all__ = ["Structure", "assemble_columns", "find_locals", "parse_structure", "take_columns"]
 
 HIERARCHICAL = "hierarchical"
+LOW_RANK = "low-rank"
 
 
 @dataclass(frozen=True)
 class Structure:
     """A partition of the ``ndim`` flat coordinates into blocks of a block-diagonal A."""
 
-    kind: str  # "full", "diagonal", "blocks" or "hierarchical" (blocks: globals, locals)
+    # "full", "diagonal", "blocks", "hierarchical" (blocks: globals, locals) or "low-rank"
+    # (GF's diagonal plus a low-rank factor over all coordinates; no blocks)
+    kind: str
     ndim: int
     blocks: tuple[np.ndarray, ...] = ()  # sorted coordinate indices; unused for "diagonal"
     names: tuple[tuple[str, ...], ...] = ()
@@ -48,7 +51,13 @@ class Structure:
     def hierarchical(self) -> bool:
         return self.kind == HIERARCHICAL
 
+    @property
+    def low_rank(self) -> bool:
+        return self.kind == LOW_RANK
+
     def block_sizes(self) -> list[int]:
+        if self.low_rank:
+            return [self.ndim]
         return [1] * self.ndim if self.diagonal else [len(b) for b in self.blocks]
 
     def mask(self) -> np.ndarray:
@@ -56,6 +65,8 @@ class Structure:
         factor's arrow), for reporting only."""
         if self.diagonal:
             return np.eye(self.ndim, dtype=bool)
+        if self.low_rank:
+            return np.ones((self.ndim, self.ndim), dtype=bool)
         mask = np.zeros((self.ndim, self.ndim), dtype=bool)
         if self.hierarchical:
             globals_, locals_ = self.blocks
@@ -68,7 +79,7 @@ class Structure:
         return mask
 
     def describe(self) -> str:
-        if self.kind in ("full", "diagonal"):
+        if self.kind in ("full", "diagonal", LOW_RANK):
             return self.kind
         if self.hierarchical:
             return f"hierarchical (locals {list(self.names[1])})"
@@ -104,12 +115,14 @@ def parse_structure(
             return Structure("full", d, (np.arange(d),), (tuple(free),))
         if kind in ("diagonal", "mean_field", "meanfield"):
             return Structure("diagonal", d)
+        if kind in (LOW_RANK, "low_rank", "lowrank"):
+            return Structure(LOW_RANK, d)
         if kind in ("variables", "layers"):
             groups = [[c.rv_name] for c in target.coordinates]
             return _blocks(groups, target)
         raise ValueError(
             f"Unknown structure {structure!r}: use 'full', 'diagonal', 'variables', "
-            "'hierarchical' (GF), or a list "
+            "'hierarchical', 'low-rank' (GF and GPF), or a list "
             f"of lists of free-variable names (free variables: {free})."
         )
     if not isinstance(structure, Sequence) or not all(

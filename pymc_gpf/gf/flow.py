@@ -21,6 +21,15 @@ local-global block, the diagonal of its local block), a product that stays an ar
 free energy falls along it at rate ``<A, M> = |M|^2`` and ``M = 0`` is the family's
 stationary point, ``O(S D G)`` per step.
 
+The low-rank structure's covariance is ``U U^T + diag(s^2)``, the factor ``Gamma = [U,
+diag(s)]`` ``(D, K + D)`` (``factors = [U, s]``, ``noise = [z_u, z_d]``), with more columns
+than rows: the entropy's gradient is then ``Sigma^{-1} Gamma`` rather than ``Gamma^{-T}``,
+so its natural flow uses ``A = Gamma^T psi_eps - P``, ``P = Gamma^T Sigma^{-1} Gamma``, and
+``M`` the projection of ``A`` on the pattern that keeps ``Gamma`` of that shape (``sym`` of
+its ``K x K`` block, its ``D x K`` block, the diagonal of its ``D x D`` block): the free
+energy falls at rate ``|M|^2`` and ``M = 0`` is the family's stationary point. Woodbury's
+identity gives every product in ``O(S D K + D K^2)``.
+
 Pure functions in PyTensor; ``factors`` is always a list (one entry for "full" and
 "diagonal").
 """
@@ -41,6 +50,7 @@ __all__ = [
     "free_energy",
     "hierarchical_rule",
     "log_det_factor",
+    "low_rank_rule",
     "mean_direction",
     "natural_directions",
     "spherical_radial",
@@ -54,6 +64,9 @@ def deviations(factors: list[Variable], noise: list[Variable], structure: Struct
     ``x_0 - m_0 = z``), ``(S, D)``; ``noise[b]`` is ``(S, K_b)``."""
     if structure.diagonal:
         return noise[0] * factors[0]
+    if structure.low_rank:
+        (loadings, scales), (z_u, z_d) = factors, noise
+        return pt.dot(z_u, loadings.T) + z_d * scales
     if structure.hierarchical:
         (lower, coupling, scales), (z_g, z_l) = factors, noise
         parts = [pt.dot(z_g, lower.T), pt.dot(z_g, coupling.T) + z_l * scales]
@@ -71,6 +84,12 @@ def _arrow_covariance_times(factors: list[Variable], v: Variable, structure: Str
     return assemble_columns([pt.dot(lower, y_g), pt.dot(coupling, y_g) + scales * y_l], structure)
 
 
+def _low_rank_covariance_times(factors: list[Variable], v: Variable) -> Variable:
+    """``(U U^T + diag(s^2)) v`` for the low-rank structure, ``O(D K)``."""
+    loadings, scales = factors
+    return pt.dot(loadings, pt.dot(loadings.T, v)) + pt.square(scales) * v
+
+
 def mean_direction(
     grads: Variable, factors: list[Variable], structure: Structure, natural: bool = False
 ) -> Variable:
@@ -80,6 +99,8 @@ def mean_direction(
         return g_bar
     if structure.diagonal:
         return pt.square(factors[0]) * g_bar
+    if structure.low_rank:
+        return _low_rank_covariance_times(factors, g_bar)
     if structure.hierarchical:
         return _arrow_covariance_times(factors, g_bar, structure)
     parts = [
@@ -113,6 +134,9 @@ def log_det_factor(factors: list[Variable], structure: Structure) -> Variable:
     which is ``log|det Gamma_b|`` for a square factor; ``sum log|sigma_d|`` for mean field."""
     if structure.diagonal:
         return pt.sum(pt.log(pt.abs(factors[0])))
+    if structure.low_rank:  # 1/2 log det(U U^T + diag(s^2)), by the determinant lemma
+        loadings, scales = factors
+        return pt.sum(pt.log(pt.abs(scales))) + 0.5 * logdet_spd(_capacitance(loadings, scales))
     if structure.hierarchical:
         lower, _, scales = factors
         return 0.5 * logdet_spd(pt.dot(lower.T, lower)) + pt.sum(pt.log(pt.abs(scales)))
@@ -189,6 +213,40 @@ def hierarchical_rule(
     return [points[:, :g], points[:, g:] * pt.sign(signs)[None, :]], weights
 
 
+def low_rank_rule(
+    directions: Variable, radii: Variable, diagonal: Variable
+) -> tuple[list[Variable], Variable]:
+    """Points for the low-rank structure's ``K + D`` standard normals ``(z_u, z_d)``: one
+    spherical-radial rule in ``K`` dimensions for ``z_u`` (``directions`` ``(R, r, K)``,
+    ``radii`` ``(R, K + 2)``) and, for its centre and each pair of opposite spokes ``+-p``,
+    its own ``z_d`` (``diagonal`` ``(R r + 1, D)``) at the four points ``(+-p, +-z_d)``,
+    each with half a spoke's weight (the centre: ``(0, +-z_d)``, half each), ``z_d``'s
+    second moments made exact per coordinate (the centre's ``+-1``, the spokes' columns
+    standardised: a bias of order ``1/S`` in moments of degree 4, as mean field's standardised
+    pairs). Given ``z_u``, ``z_d`` is otherwise an independent draw, and for a Gaussian
+    target the sign pattern cancels ``z_d`` from ``psi_u`` and ``z_u`` from ``psi_dd``
+    exactly: with plain draws their cross products, ``D K`` terms of order ``1/sqrt(S)``,
+    swamped ``U``'s direction (a 400-dimensional Gaussian: ``U`` stayed at a fifth of its
+    size). Returns ``[z_u, z_d]`` ``(4 R r + 2, K)``, ``(4 R r + 2, D)`` and the weights."""
+    points, weights = spherical_radial(directions, radii)
+    spokes = directions.shape[0] * directions.shape[1]
+    plus, centre_weight = points[1 : spokes + 1], weights[0]
+    spoke_weights = weights[1 : spokes + 1]  # each of +p and -p; a pair's is twice that
+    # z_d's second moments made exact in every coordinate (as mean field's standardised
+    # pairs): the centre's entries +-1, the spokes' columns scaled to their weights' sum; a
+    # Gaussian target's free energy is then exact (plain draws left noise of order sqrt(D))
+    z_0 = pt.sign(diagonal[:1])
+    z_s = diagonal[1:]
+    moments = pt.dot(spoke_weights, pt.square(z_s)) / pt.sum(spoke_weights)
+    z_s = z_s / pt.sqrt(moments)
+    zeros = pt.zeros((2, points.shape[1]), dtype=points.dtype)
+    z_u = pt.concatenate([zeros, plus, plus, -plus, -plus], axis=0)
+    z_d = pt.concatenate([z_0, -z_0, z_s, -z_s, z_s, -z_s], axis=0)
+    half_centre = pt.repeat(0.5 * centre_weight[None], 2)
+    out_weights = pt.concatenate([half_centre, *[0.5 * spoke_weights] * 4])
+    return [z_u, z_d], out_weights.astype(points.dtype)
+
+
 def standardised_antithetic(noise: Variable) -> Variable:
     """Mean field: pairs ``+-u`` with every column scaled to sample variance exactly 1."""
     noise = noise / pt.sqrt(pt.mean(pt.square(noise), axis=0))
@@ -225,10 +283,9 @@ def natural_directions(
         a = sd * pt.sum(weighted * noise[0], axis=0) - 1.0
         shift = pt.square(sd) * g_bar
         return shift, [sd * a], pt.dot(g_bar, shift), pt.sum(pt.square(a)), pt.max(pt.abs(a))
-    if structure.hierarchical:
-        shift, directions, dec_cov, spectral = _arrow_directions(
-            g_bar, weighted, noise, factors, structure
-        )
+    if structure.hierarchical or structure.low_rank:
+        rule = _arrow_directions if structure.hierarchical else _low_rank_directions
+        shift, directions, dec_cov, spectral = rule(g_bar, weighted, noise, factors, structure)
         return shift, directions, pt.dot(g_bar, shift), dec_cov, spectral
     shifts, directions, dec_cov, spectral = [], [], 0.0, 0.0
     for f, e, b in zip(factors, noise, structure.blocks, strict=True):
@@ -283,6 +340,56 @@ def _arrow_directions(g_bar, weighted, noise, factors, structure):
     shear = pt.sqrt(pt.max(pt.sum(pt.square(a_lg), axis=1)))
     spectral = pt.maximum(_largest_abs_eigenvalue(m_gg), pt.maximum(pt.max(pt.abs(a_ll)), shear))
     return shift, directions, dec_cov, spectral
+
+
+def _capacitance(loadings: Variable, scales: Variable) -> Variable:
+    """``I_K + W^T W`` with ``W = diag(1/s) U``: ``det(U U^T + diag(s^2)) = det(diag(s^2))
+    det(I_K + W^T W)`` and Woodbury's inverse goes through it."""
+    whitened = loadings / scales[:, None]
+    return pt.eye(loadings.type.shape[1]) + pt.dot(whitened.T, whitened)
+
+
+def _low_rank_directions(g_bar, weighted, noise, factors, structure):
+    """The natural directions of the low-rank structure's ``Gamma = [U, diag(s)]`` (module
+    docstring). With ``W = U / s`` and ``B = I + W^T W`` (:func:`_capacitance`), Woodbury
+    gives ``P_uu = W^T W B^-1``, ``P_du = W B^-1`` and ``diag(P_dd) = 1 - rowsum(W B^-1 * W)``,
+    so ``A_uu = U^T psi_u - P_uu``, ``A_du = s psi_u - P_du`` and ``diag(A_dd) = s psi_dd -
+    diag(P_dd)`` (``psi_u``, ``psi_dd`` the blocks of ``psi_eps`` it needs), and ``Gamma M =
+    [U sym(A_uu) + s A_du, s diag(A_dd)]``. The trust region reads ``sym(A_uu)``'s
+    eigenvalues, ``diag(A_dd)`` and the largest shear ``max_j |A_du[j]|``."""
+    (loadings, scales), (z_u, z_d) = factors, noise
+    whitened = loadings / scales[:, None]
+    solved = pt.linalg.solve(  # W B^-1, (D, K)
+        _capacitance(loadings, scales), whitened.T, assume_a="pos", check_finite=False
+    ).T
+    psi_u = pt.dot(weighted.T, z_u)  # D x K
+    a_uu = pt.dot(loadings.T, psi_u) - pt.dot(whitened.T, solved)
+    m_uu = 0.5 * (a_uu + a_uu.T)
+    a_du = scales[:, None] * psi_u - solved
+    a_dd = scales * pt.sum(weighted * z_d, axis=0) - 1.0 + pt.sum(solved * whitened, axis=1)
+    directions = [
+        _without_rotation(loadings, pt.dot(loadings, m_uu) + scales[:, None] * a_du),
+        scales * a_dd,
+    ]
+    shift = _low_rank_covariance_times(factors, g_bar)
+    dec_cov = pt.sum(pt.square(m_uu)) + pt.sum(pt.square(a_du)) + pt.sum(pt.square(a_dd))
+    shear = pt.sqrt(pt.max(pt.sum(pt.square(a_du), axis=1)))
+    spectral = pt.maximum(_largest_abs_eigenvalue(m_uu), pt.maximum(pt.max(pt.abs(a_dd)), shear))
+    return shift, directions, dec_cov, spectral
+
+
+def _without_rotation(loadings: Variable, direction: Variable) -> Variable:
+    """``direction`` minus its part ``U Omega`` (``Omega`` antisymmetric) that only rotates
+    ``U``'s columns: it leaves q unchanged and the free energy's rate with it, but noise
+    along it would turn ``U`` at random, and the average of a turning ``U`` shrinks
+    towards zero. ``Omega`` solves ``G Omega + Omega G = 2 antisym(U^T direction)``,
+    ``G = U^T U``, in ``G``'s eigenbasis (``K x K``)."""
+    gram = pt.dot(loadings.T, loadings)
+    lam, vecs = pt.linalg.eigh(gram)
+    product = pt.dot(loadings.T, direction)
+    turn = pt.dot(vecs.T, pt.dot(product - product.T, vecs))  # 2 antisym, eigenbasis
+    omega = turn / pt.maximum(lam[:, None] + lam[None, :], 1e-300)
+    return direction - pt.dot(loadings, pt.dot(vecs, pt.dot(omega, vecs.T)))
 
 
 def _largest_abs_eigenvalue(sym: Variable) -> Variable:

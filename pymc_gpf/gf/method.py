@@ -75,6 +75,9 @@ class GFApproximation(GaussianApproximation):
         ``cov = factor @ factor.T``."""
         if self.structure.diagonal:
             return np.diag(self.factors[0])
+        if self.structure.low_rank:  # [U, diag(s)], D x (K + D)
+            loadings, scales = self.factors
+            return np.concatenate([loadings, np.diag(scales)], axis=1)
         if self.structure.hierarchical:  # the arrow, D x D
             (lower, coupling, scales), (g, loc) = self.factors, self.structure.blocks
             out = np.zeros((self.target.ndim, self.target.ndim), dtype=self.target.dtype)
@@ -97,6 +100,9 @@ class GFApproximation(GaussianApproximation):
         """Marginal standard deviations ``sqrt(diag(Gamma Gamma^T))``, a PyTensor expression."""
         if self.structure.diagonal:
             return pt.abs(self.shared_factors[0])
+        if self.structure.low_rank:
+            loadings, scales = self.shared_factors
+            return pt.sqrt(pt.sum(pt.square(loadings), axis=1) + pt.square(scales))
         if self.structure.hierarchical:
             lower, coupling, scales = self.shared_factors
             g, loc = self.structure.blocks
@@ -116,6 +122,9 @@ class GFApproximation(GaussianApproximation):
         if self.structure.diagonal:
             return pt.diag(pt.square(self.shared_factors[0]))
         d = self.target.ndim
+        if self.structure.low_rank:
+            loadings, scales = self.shared_factors
+            return pt.dot(loadings, loadings.T) + pt.diag(pt.square(scales))
         if self.structure.hierarchical:
             (lower, coupling, scales), (g, loc) = self.shared_factors, self.structure.blocks
             arrow = pt.zeros((d, d), dtype=self.target.dtype)
@@ -129,7 +138,7 @@ class GFApproximation(GaussianApproximation):
         return out
 
     def _blocks(self) -> list[np.ndarray]:
-        if self.structure.diagonal:
+        if self.structure.diagonal or self.structure.low_rank:
             return [np.arange(self.target.ndim)]
         return list(self.structure.blocks)
 
@@ -142,6 +151,9 @@ class GFApproximation(GaussianApproximation):
         if self.structure.hierarchical:
             lower, coupling, scales = self.factors
             return GaussianQ(mean, self.structure.blocks, (lower, scales), coupling=coupling)
+        if self.structure.low_rank:
+            loadings, scales = self.factors
+            return GaussianQ(mean, tuple(self._blocks()), (scales,), loadings=loadings)
         return GaussianQ(mean, tuple(self._blocks()), tuple(self.factors))
 
     def _method_group(self) -> xr.Dataset:
@@ -158,6 +170,12 @@ class GFApproximation(GaussianApproximation):
                 "local_scale": ("local_coordinate", scales),
             }
             coords |= {"global_coordinate": labels[g], "local_coordinate": labels[loc]}
+        elif self.structure.low_rank:
+            loadings, scales = self.factors
+            data |= {
+                "loadings": (("coordinate", "rank"), loadings),
+                "scale": ("coordinate", scales),
+            }
         elif not self.structure.diagonal:
             factors = self.factors
             if len(factors) == 1:
@@ -188,7 +206,8 @@ class GF(FlowInference):
     rank
         Columns ``K`` of each block's factor, ``1 <= K <= D``; default full rank (at most
         1000). ``K < D`` fits a low-rank Gaussian (its free energy is then regularised, as
-        GPF's with ``N <= D``).
+        GPF's with ``N <= D``). With ``structure="low-rank"``, the rank of ``U``,
+        ``1 <= K < D``, default ``round(sqrt(D))`` (at most 50).
     draws_per_step
         Draws ``S >= 1`` of q per step (Monte Carlo for the update and the free energy).
         ``"auto"`` (default): with the automatic step size, the ``2 max(K, 10) + 1`` (at
@@ -196,9 +215,10 @@ class GF(FlowInference):
         (:func:`pymc_gpf.gf.flow.spherical_radial`), which integrates every polynomial of
         degree up to 3 exactly under q and every other function without bias (``K`` is
         ``G + 1`` for the hierarchical structure; mean field above ``D = 200``: 20
-        standardised draws); with a fixed ``learning_rate``, 10 independent draws. An
-        explicit number is honoured (at the automatic step size rounded up to whole rules:
-        ``S/2`` directions and the centre).
+        standardised draws; ``"low-rank"``: ``4 max(K, 10) + 2``,
+        :func:`pymc_gpf.gf.flow.low_rank_rule`); with a fixed ``learning_rate``, 10
+        independent draws. An explicit number is honoured (at the automatic step size
+        rounded up to whole rules: ``S/2`` directions and the centre).
         Called ``n_samples`` before 0.2 (still accepted, with a warning).
     structure
         ``"full"``, ``"diagonal"`` (mean field), ``"variables"`` (one block per free
@@ -208,8 +228,12 @@ class GF(FlowInference):
         the factor is the arrow ``[[L, 0], [C, diag(s)]]``, ``O(D G)`` memory and work per
         draw for ``G`` globals. It holds the full-rank optimum (whose precision has the
         posterior Hessian's arrow pattern) and needs the automatic step size.
+        ``"low-rank"``: ``q = N(mu, U U^T + diag(s^2))`` with ``U`` ``(D, K)`` (numpyro's
+        ``AutoLowRankMultivariateNormal``), ``O(S D K)`` a step and ``O(D K)`` memory, the
+        automatic step size only; it holds a posterior's few strong correlations and every
+        marginal scale, not a full covariance (the verdict says when that matters).
         ``"auto"`` (default): ``"hierarchical"`` above ``D = 64`` where the model has locals
-        and at most 200 globals, else ``"full"``.
+        and at most 200 globals, else ``"full"`` up to ``D = 1000`` and ``"low-rank"`` above.
     natural_mean
         Precondition the mean step by ``Gamma Gamma^T``. Default: on with the automatic
         step size (where both steps are natural-gradient steps,
@@ -278,7 +302,9 @@ class GF(FlowInference):
 
     def _fitted_settings(self) -> dict:
         return {
-            "ranks": [f.shape[-1] for f in self.approx.factors],
+            "ranks": [self.resolved.rank]
+            if self.structure.low_rank
+            else [f.shape[-1] for f in self.approx.factors],
             "draws_per_step": self.resolved_draws(self.fit_options),
             "structure": self.structure.describe(),
             "natural_mean": resolve_natural_mean(self.config.natural_mean, self.fit_options),
@@ -295,6 +321,8 @@ class GF(FlowInference):
         """The automatic step's spherical-radial rules: ``(R, r, K)``, ``K`` the total rank
         of the factors (mean field: ``D``), ``R`` rules of ``r`` directions each."""
         rank = sum(f.shape[-1] for f in self.approx.factors)
+        if self.structure.low_rank:  # the loadings' columns (the scales' draws standardised)
+            rank = self.resolved.rank
         if self.structure.hierarchical:  # a rule in the globals and one local
             rank = len(self.structure.blocks[0]) + 1
         pairs = draw_pairs(self.config.draws_per_step, rank)
@@ -306,15 +334,18 @@ class GF(FlowInference):
             if self._standardised_draws:
                 return 2 * standardised_pairs(self.config.draws_per_step)
             n_rules, r, _ = self._rule_shape()
+            if self.structure.low_rank:  # four points per pair of spokes, two at the centre
+                return 4 * n_rules * r + 2
             return 2 * n_rules * r + 1
         return 10 if self.config.draws_per_step == AUTO else int(self.config.draws_per_step)
 
     def _build_step(self, options: FitOptions) -> StepGraph:
         q = self.approx.state
-        if not options.auto and self.structure.hierarchical:
+        if not options.auto and (self.structure.hierarchical or self.structure.low_rank):
             raise ValueError(
-                "structure='hierarchical' takes GF's automatic step size (its natural flow "
-                "keeps the factor an arrow); drop learning_rate=, or use structure='full'."
+                f"structure={self.structure.kind!r} takes GF's automatic step size (its "
+                "natural flow keeps the factor of that shape); drop learning_rate=, or use "
+                "structure='full'."
             )
         if not options.auto:
             s = self.resolved_draws(options)
@@ -345,6 +376,14 @@ class GF(FlowInference):
             pairs = standardised_pairs(self.config.draws_per_step)
             draws = standard_normal(self.noise_rng, (pairs, self.target.ndim))
             noise = [flow.standardised_antithetic(draws)]
+        elif self.structure.low_rank:
+            n_rules, r, rank = self._rule_shape()
+            size, groups = n_rules * (r + 1) * (rank + 2), n_rules * r + 1
+            # one draw from the generator per step: directions, radii and the diagonal's draws
+            draws = standard_normal(self.noise_rng, (size + groups * self.target.ndim,))
+            rules = draws[:size].reshape((n_rules, r + 1, rank + 2))
+            diagonal = draws[size:].reshape((groups, self.target.ndim))
+            noise, weights = flow.low_rank_rule(rules[:, :r, :rank], rules[:, r], diagonal)
         elif self.structure.hierarchical:
             n_rules, r, rank = self._rule_shape()
             size, locals_ = n_rules * (r + 1) * (rank + 2), len(self.structure.blocks[1])

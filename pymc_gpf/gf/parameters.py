@@ -3,6 +3,7 @@ of draws, and the initial ``q = N(mu, Gamma Gamma^T)`` (NumPy)."""
 
 from __future__ import annotations
 
+import math
 import warnings
 
 from collections.abc import Callable
@@ -22,6 +23,7 @@ __all__ = [
     "default_rank",
     "draw_pairs",
     "initial_factors",
+    "low_rank_rank",
     "standardised_pairs",
 ]
 
@@ -31,6 +33,12 @@ MIN_DEFAULT_PAIRS, MAX_DEFAULT_PAIRS = 10, 500
 # under a millisecond); above, pairs standardised per coordinate, whose bias is O(1/D)
 MAX_ROTATION_DIM = 200
 HIERARCHICAL_MIN_DIM = 64  # "auto" looks for a hierarchical structure above this D
+# "auto" without locals: full rank up to this D (as the default rank), the low-rank
+# structure above. Not lower: on three Gaussian random walks (D = 304) full rank ends at the
+# Gaussian optimum in 11 s, the low-rank structure (K = 17) had not converged after 10 000
+# steps (100 s, its mean 3.0 sds from NUTS's)
+MAX_FULL_RANK_DIM = MAX_DEFAULT_RANK
+MAX_LOW_RANK = 50  # the low-rank structure's default rank: round(sqrt(D)), at most this
 
 
 def default_pairs(rank: int) -> int:
@@ -54,6 +62,21 @@ def default_rank(ndim: int) -> int:
     return MAX_DEFAULT_RANK
 
 
+def low_rank_rank(rank: int | None, ndim: int) -> int:
+    """The low-rank structure's rank ``K``: ``rank``, or ``round(sqrt(D))`` (numpyro's
+    ``AutoLowRankMultivariateNormal``) capped at :data:`MAX_LOW_RANK` (cost ``O(S D K)``
+    a step with ``S = 2 K`` draws)."""
+    if rank is None:
+        return max(1, min(round(math.sqrt(ndim)), MAX_LOW_RANK, ndim - 1))
+    if not (is_integer(rank, 1) and rank < ndim):
+        raise ValueError(
+            f"rank of structure='low-rank' must be an integer between 1 and D - 1 = "
+            f"{ndim - 1} (D the number of unconstrained coordinates), got {rank!r}; "
+            "structure='full' fits a full covariance."
+        )
+    return int(rank)
+
+
 def draw_pairs(draws_per_step, rank: int) -> int:
     """Antithetic pairs per step at the automatic step size: half of ``draws_per_step``
     (rounded up), or :func:`default_pairs` of the total ``rank`` of the factors."""
@@ -74,12 +97,16 @@ def standardised_pairs(draws_per_step) -> int:
 def automatic_structure(target, find_locals: Callable[[], Structure | None]) -> Structure:
     """GF's ``structure="auto"``: the hierarchical structure (``find_locals``) above
     :data:`HIERARCHICAL_MIN_DIM` coordinates where the model has locals and at most
-    :data:`MAX_ROTATION_DIM` globals, else full rank. At ``D`` = 52 both cost the same on a
-    hierarchical normal; at 102 the arrow is 2.3 times faster, at 202 3.5 times (same q)."""
+    :data:`MAX_ROTATION_DIM` globals, else full rank up to :data:`MAX_FULL_RANK_DIM`
+    coordinates and the low-rank structure above. At ``D`` = 52 the arrow and full rank cost
+    the same on a hierarchical normal; at 102 the arrow is 2.3 times faster, at 202 3.5
+    times (same q)."""
     if target.ndim > HIERARCHICAL_MIN_DIM:
         found = find_locals()
         if found is not None and (found.diagonal or len(found.blocks[0]) <= MAX_ROTATION_DIM):
             return found
+    if target.ndim > MAX_FULL_RANK_DIM:
+        return parse_structure("low-rank", target)
     return parse_structure("full", target)
 
 
@@ -91,6 +118,8 @@ def check_rank(rank: int | None, structure: Structure, ndim: int) -> int | None:
             "rank applies to 'full' and block structures; structure='diagonal' has one "
             "scale per coordinate. Drop rank= or choose another structure."
         )
+    if structure.low_rank:
+        return low_rank_rank(rank, ndim)
     if structure.hierarchical:
         if rank is not None:
             raise ValueError(
@@ -112,9 +141,13 @@ def initial_factors(
     structure: Structure, rank: int | None, scale: float, ndim: int, dtype: str
 ) -> list[np.ndarray]:
     """``Gamma`` per block: ``scale`` times the first ``K`` columns of the identity (mean
-    field: ``scale`` for every coordinate)."""
+    field: ``scale`` for every coordinate; low rank: ``scale`` for every coordinate and
+    ``U`` a tenth of that, off zero, where ``U = 0`` is a stationary point of the flow)."""
     if structure.diagonal:
         return [np.full(ndim, scale, dtype=dtype)]
+    if structure.low_rank:
+        loadings = scale * np.eye(ndim, rank, dtype=dtype)
+        return [loadings, np.full(ndim, scale, dtype=dtype)]
     if structure.hierarchical:  # the arrow [[L, 0], [C, diag(s)]], no coupling yet
         g, loc = (len(b) for b in structure.blocks)
         eye = scale * np.eye(g, dtype=dtype)

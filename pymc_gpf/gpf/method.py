@@ -23,7 +23,7 @@ from pymc_gpf.engine import FRESH_STREAM, VIEW_STREAM, FlowInference
 from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gf import GF, arrow_points, model_locals
-from pymc_gpf.gf.parameters import automatic_structure
+from pymc_gpf.gf.parameters import automatic_structure, low_rank_rank
 from pymc_gpf.gpf import flow, held
 from pymc_gpf.gpf.config import GPFConfig
 from pymc_gpf.gpf.fresh import fresh_draws_fit
@@ -70,15 +70,15 @@ class GPFApproximation(ParticlesMixin, GaussianApproximation):
 
     @property
     def arrow(self):
-        """With the hierarchical structure, the arrow-factored Gaussian that GF's flow fitted
-        (:class:`~pymc_gpf.gf.GFApproximation`, whose q this fit reports; the particles then
-        show it); else ``None``."""
+        """With a structure that particles cannot span (the hierarchical arrow, the low-rank
+        structure), the Gaussian that GF's flow fitted (:class:`~pymc_gpf.gf.GFApproximation`,
+        whose q this fit reports; the particles then show it); else ``None``."""
         return self.inference.arrow
 
     @property
     def params(self) -> list:
-        """Shared variables of the fitted state: the particles (the arrow's mean and factors
-        with the hierarchical structure)."""
+        """Shared variables of the fitted state: the particles (GF's mean and factors with
+        the hierarchical or low-rank structure)."""
         return self.arrow.params if self.arrow is not None else [self.shared_particles]
 
     @property
@@ -123,8 +123,17 @@ class GPFApproximation(ParticlesMixin, GaussianApproximation):
 
 
 def arrow_particles(structure: Structure) -> int:
-    """Particles showing an arrow q: antithetic pairs on the globals and one local."""
+    """Particles showing GF's q: antithetic pairs on an arrow's globals and one local, or on
+    the low-rank structure's default rank and one more."""
+    if structure.low_rank:
+        return 2 * (low_rank_rank(None, structure.ndim) + 1)
     return 2 * (len(structure.blocks[0]) + 1)
+
+
+def fitted_by_gf(structure: Structure) -> bool:
+    """A structure whose q particles cannot span: GF's flow fits it (the hierarchical arrow,
+    the low-rank structure)."""
+    return structure.hierarchical or structure.low_rank
 
 
 class GPF(FlowInference):
@@ -155,13 +164,14 @@ class GPF(FlowInference):
     structure
         ``"full"``, ``"diagonal"`` (mean field), ``"variables"`` (one block per free
         variable), a list of lists of variable names (block-diagonal, §3.5),
-        ``"hierarchical"`` or ``"auto"`` (default). ``"hierarchical"`` (GF's arrow factor
-        over a hierarchical model's globals and group effects, see :class:`pymc_gpf.GF`):
-        particles cannot hold it (``N`` of them span ``N - 1`` directions), so GF's flow
-        with fresh draws fits it and the particles show the result. ``"auto"``: that where
-        the automatic cloud could not span the model (``2 D`` above
-        ``MAX_DEFAULT_PARTICLES`` = 1000) and the model has locals and at most 200 globals,
-        else ``"full"``.
+        ``"hierarchical"``, ``"low-rank"`` or ``"auto"`` (default). ``"hierarchical"`` (GF's
+        arrow factor over a hierarchical model's globals and group effects) and
+        ``"low-rank"`` (diagonal plus low rank, see :class:`pymc_gpf.GF`): particles cannot
+        hold them (``N`` of them span ``N - 1`` directions), so GF's flow with fresh draws
+        fits them and the particles show the result. ``"auto"``: where the automatic cloud
+        could not span the model (``2 D`` above ``MAX_DEFAULT_PARTICLES`` = 1000),
+        ``"hierarchical"`` if the model has locals and at most 200 globals, else
+        ``"low-rank"`` above ``D = 1000``; otherwise ``"full"``.
     natural_mean
         Precondition the mean step by ``C`` (the natural-gradient shift after Theorem 2).
         Default: on with the automatic step size (where it is part of the natural flow), off
@@ -225,7 +235,7 @@ class GPF(FlowInference):
             particles = check_particles(self.initial_particles, target.dtype, target.labels, "N", 2)
             self.resolved = replace(config, n_particles=len(particles))
             return GPFApproximation(self, particles)
-        n = arrow_particles(self.structure) if self.structure.hierarchical else config.n_particles
+        n = arrow_particles(self.structure) if fitted_by_gf(self.structure) else config.n_particles
         particles = start_cloud(
             n, config.cloud, config.init_scale, target.ndim, centre, self._init_rng, target.dtype,
         )  # fmt: skip
@@ -288,24 +298,26 @@ class GPF(FlowInference):
 
     def load_continuation(self, inner) -> None:
         self._gf = inner
-        if self.structure.hierarchical:
+        if fitted_by_gf(self.structure):
             self._adopt(inner)
 
     @property
     def arrow(self):
-        """GF's fit of the hierarchical structure (its approximation), once it has run."""
-        return self._gf.approx if self.structure.hierarchical and self._gf is not None else None
+        """GF's fit of the hierarchical or low-rank structure (its approximation), once it
+        has run."""
+        return self._gf.approx if fitted_by_gf(self.structure) and self._gf is not None else None
 
     def prepare(self, options: FitOptions) -> None:
-        if not self.structure.hierarchical:
+        if not fitted_by_gf(self.structure):
             super().prepare(options)
             return
-        # GF's flow fits the arrow (_run): no particle step to compile
+        # GF's flow fits the structure (_run): no particle step to compile
         if not options.auto or options.more_obj_params:
+            kind = self.structure.kind
             raise ValueError(
-                "structure='hierarchical' takes the automatic step size and no "
-                "more_obj_params (GF's arrow flow fits it); pass structure='full' to GPF for "
-                "those, or fit the hierarchical structure with method='gf'."
+                f"structure={kind!r} takes the automatic step size and no more_obj_params "
+                f"(GF's flow fits it); pass structure='full' to GPF for those, or fit the "
+                f"{kind} structure with method='gf'."
             )
         self.fit_options, self.step, self.state_vars = options, None, {}
         self.control, self.hyper, self._hyper_fn = self._control(options), None, None
@@ -414,7 +426,7 @@ class GPF(FlowInference):
         n, base = len(self.approx.particles), []
 
         def show(gf) -> None:
-            if self.structure.hierarchical:
+            if fitted_by_gf(self.structure):
                 self.approx.shared_particles.set_value(self._arrow_cloud(gf))
                 return
             if not base:
@@ -440,17 +452,21 @@ class GPF(FlowInference):
         return [*callbacks, saw]
 
     def _arrow_cloud(self, gf) -> np.ndarray:
-        """The particles showing GF's arrow q: points of it, from standard normals drawn
-        once per fit from a stream of their own (so showing them changes no result)."""
+        """The particles showing GF's arrow or low-rank q: points of it, from standard
+        normals drawn once per fit from a stream of their own (so showing them changes no
+        result)."""
         rng = np.random.default_rng(self.stream(VIEW_STREAM))
-        noise = rng.standard_normal((len(self.approx.particles), self.target.ndim))
-        return arrow_points(gf.approx.gaussian(), noise, self.structure).astype(self.target.dtype)
+        n, q = len(self.approx.particles), gf.approx.gaussian()
+        if self.structure.low_rank:
+            return q.sample(n, rng).astype(self.target.dtype)
+        noise = rng.standard_normal((n, self.target.ndim))
+        return arrow_points(q, noise, self.structure).astype(self.target.dtype)
 
     def _adopt(self, gf) -> None:
-        """The particles represent GF's q exactly (same mean and covariance); an arrow q,
-        which particles cannot span, they show as points of it."""
+        """The particles represent GF's q exactly (same mean and covariance); an arrow or
+        low-rank q, which particles cannot span, they show as points of it."""
         n = len(self.approx.particles)
-        if self.structure.hierarchical:
+        if fitted_by_gf(self.structure):
             self.approx.shared_particles.set_value(self._arrow_cloud(gf))
             self._stages.final_free_energy = gf.final_free_energy
             return
@@ -466,7 +482,7 @@ class GPF(FlowInference):
 
     def _run(self, n: int, progressbar: bool, progressbar_theme) -> None:
         self._step_limit = self.state.i + n  # what a continuation with fresh draws may take
-        if self.structure.hierarchical and self._gf is None:
+        if fitted_by_gf(self.structure) and self._gf is None:
             self._arrow_fit(n, progressbar)
             return
         if self._gf is None or not n:
@@ -492,12 +508,13 @@ class GPF(FlowInference):
         self._give_verdict(reason)
 
     def _arrow_fit(self, n: int, progressbar: bool) -> None:
-        """The hierarchical structure's first fit: GF's arrow flow from this fit's start,
-        seed and fit keywords (its verdict is this fit's), on record as a stage."""
+        """The hierarchical or low-rank structure's first fit: GF's flow from this fit's
+        start, seed and fit keywords (its verdict is this fit's), on record as a stage."""
         options = self.fit_options
         seed = int(self.stream(FRESH_STREAM).generate_state(1)[0])
-        gf = GF(structure="hierarchical", init=self.config.init, init_scale=self.config.init_scale,
-                model=self.model, random_seed=seed, start=self._start)  # fmt: skip
+        gf = GF(structure=self.structure.kind, init=self.config.init,
+                init_scale=self.config.init_scale, model=self.model, random_seed=seed,
+                start=self._start)  # fmt: skip
         self._gf = gf
         self.callbacks_saw = 0
         keywords = {"tol": options.tol, "backend": options.backend, "check_draws": 0,
@@ -512,7 +529,7 @@ class GPF(FlowInference):
         self.state = self.state._replace(i=len(self.hist))
         self._stages.stages.append({
             "step": 0, "n_particles": len(self.approx.particles),
-            "fresh_draws": "hierarchical", "message": gf.outcome.message,
+            "fresh_draws": self.structure.kind, "message": gf.outcome.message,
         })  # fmt: skip
         self._adopt(gf)
         reason = gf.outcome.reason
@@ -568,10 +585,14 @@ class GPF(FlowInference):
     def _describe(self, reason: str) -> str:
         last = self.stages[-1] if self.stages else {}
         if "fresh_draws" in last:
-            if last["fresh_draws"] == "hierarchical":
+            if last["fresh_draws"] in ("hierarchical", "low-rank"):
+                factor = {
+                    "hierarchical": "hierarchical structure's arrow factor",
+                    "low-rank": "low-rank structure's factor",
+                }[last["fresh_draws"]]
                 return (
                     f"{last['message']}; GF's flow (fresh draws of q every step) fitted the "
-                    "hierarchical structure's arrow factor, which particles cannot span at "
+                    f"{factor}, which particles cannot span at "
                     f"D = {self.target.ndim} (the particles show its q)"
                 )
             why = {

@@ -343,6 +343,8 @@ class WVGD(FlowInference):
         self.record.count(gf.gradient_evaluations, gf.density_evaluations)
         self.gaussian_verdict = gf.outcome.verdict if gf.outcome is not None else None
         mean, factor = gf.approx.gaussian().mean, gf.approx.factor
+        if factor.shape[1] != factor.shape[0]:  # GF's low-rank structure: [U, diag(s)]
+            factor = np.linalg.cholesky(factor @ factor.T)
         sign, log_det = np.linalg.slogdet(factor)
         if sign == 0 or not np.isfinite(log_det):
             return  # GF's factor is singular: the identity map stays
