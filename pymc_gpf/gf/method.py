@@ -233,7 +233,8 @@ class GF(FlowInference):
         automatic step size only; it holds a posterior's few strong correlations and every
         marginal scale, not a full covariance (the verdict says when that matters).
         ``"auto"`` (default): ``"hierarchical"`` above ``D = 64`` where the model has locals
-        and at most 200 globals, else ``"full"`` up to ``D = 1000`` and ``"low-rank"`` above.
+        and at most 200 globals, else ``"full"`` up to ``D = 1000`` and ``"low-rank"`` above
+        (``"full"`` with a given ``rank``).
     natural_mean
         Precondition the mean step by ``Gamma Gamma^T``. Default: on with the automatic
         step size (where both steps are natural-gradient steps,
@@ -284,7 +285,7 @@ class GF(FlowInference):
         mean = initial_centre(self.target, self._start, config.init, self._init_rng)
         find = partial(self._find_locals, mean)
         if config.structure == AUTO:
-            self.structure = automatic_structure(self.target, find)
+            self.structure = automatic_structure(self.target, find, config.rank is None)
         else:
             self.structure = parse_structure(config.structure, self.target, find)
         rank = check_rank(config.rank, self.structure, d)

@@ -107,6 +107,8 @@ def test_auto_chooses_low_rank_above_full_rank_dimensions():
     for d, kind in ((MAX_FULL_RANK_DIM, "full"), (MAX_FULL_RANK_DIM + 1, "low-rank")):
         target = SimpleNamespace(ndim=d, coordinates=[SimpleNamespace(rv_name="x")])
         assert automatic_structure(target, lambda: None).kind == kind
+        # a given rank asks for the paper's K-column factor
+        assert automatic_structure(target, lambda: None, low_rank=False).kind == "full"
 
 
 def test_a_gaussian_posterior_of_the_family_is_fitted_exactly(low_rank_posterior):
