@@ -31,7 +31,8 @@ SECTION_MODULES = {"logistic": PAPERS, "bnn": PAPERS, "wvgd": PAPERS,
                    "reference": "benchmarks/accuracy.py", "hard": "benchmarks/accuracy.py",
                    "minibatch": "benchmarks/accuracy.py", "type2": "benchmarks/accuracy.py",
                    "speed": "benchmarks/speed.py", "startup": "benchmarks/speed.py",
-                   "scale": "benchmarks/speed.py", "large": "benchmarks/large.py"}  # fmt: skip
+                   "scale": "benchmarks/speed.py", "large": "benchmarks/large.py",
+                   "low_rank": "benchmarks/large.py"}  # fmt: skip
 
 
 @dataclass

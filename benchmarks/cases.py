@@ -262,6 +262,19 @@ def radon_centred():
     return model
 
 
+def low_rank_gaussian(ndim: int = 1200, factors: int = 5):
+    """A Gaussian posterior with covariance ``V V^T + diag(t^2)`` (``factors`` columns of sd
+    0.5, ``t`` uniform on 0.5-2: correlations up to 0.99, sds 0.5-8), a model without group
+    effects whose exact answer is known and which GF's low-rank structure holds exactly:
+    ``(model, mean, sds)``."""
+    rng = np.random.default_rng(11)
+    loadings, scales = 0.5 * rng.normal(size=(ndim, factors)), rng.uniform(0.5, 2.0, ndim)
+    cov, mean = loadings @ loadings.T + np.diag(scales**2), 3 * rng.normal(size=ndim)
+    with pm.Model() as model:  # cov as data: a large constant stops numba caching
+        pm.MvNormal("x", mu=mean, cov=pm.Data("cov", cov))
+    return model, mean, np.sqrt(np.diag(cov))
+
+
 def hierarchical_normal(groups: int, centred: bool = False, per_group: int = 20):
     """``y_jk ~ N(theta_j, 1)``, ``theta_j = mu + tau z_j`` (non-centred, what a user
     writes; ``centred``: ``theta_j ~ N(mu, tau)``, the same posterior, the one NUTS mixes

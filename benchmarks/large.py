@@ -1,6 +1,8 @@
 """Large models (issue 29): a hierarchical normal with J = 10^2 to 10^4 groups (D = J + 2),
 every method at its defaults, against a long NUTS run of the centred model (the same
-posterior); wall time and peak memory of each cell in a fresh process."""
+posterior); and a model without group effects above D = 1000 (a Gaussian with a
+diagonal-plus-low-rank covariance, exact answer known). Wall time and peak memory of each
+cell in a fresh process."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pymc as pm
 
-from benchmarks import cases, harness
+from benchmarks import anchors, cases, harness
 from benchmarks.harness import fmt, md_table, pct
 
 PARAMETERS = ("mu", "tau", "theta")
@@ -77,6 +79,90 @@ def large_child(payload: dict) -> dict:
     return out | {"eps_mu": eps_mu, "eps_sd": eps_sd, "peak_mb": memory_mb()["VmHWM"]}
 
 
+LOW_RANK_LABELS = {"gf": "GF (defaults)", "gpf": "GPF (defaults)",
+                   "advi": "ADVI (PyMC, 10 000 steps)", "pathfinder": "Pathfinder (pymc-extras)",
+                   "nutpie": "nutpie (2 chains, one core)"}  # fmt: skip
+
+
+def low_rank_child(payload: dict) -> dict:
+    """One cell of the low-rank section: ``payload["method"]`` on the Gaussian of
+    :func:`benchmarks.cases.low_rank_gaussian`, errors of ``draws`` draws against the exact
+    answer."""
+    from benchmarks.speed import memory_mb
+
+    warnings.simplefilter("ignore")
+    logging.getLogger("pymc").setLevel(logging.ERROR)
+    model, mean, sd = cases.low_rank_gaussian(payload["ndim"])
+    method, draws, start, out = payload["method"], payload["draws"], time.perf_counter(), {}
+    if method == "nutpie":
+        import nutpie
+
+        steps = payload["nuts_draws"]
+        trace = nutpie.sample(nutpie.compile_pymc_model(model), draws=steps, tune=steps,
+                              chains=2, cores=1, seed=1, progress_bar=False)  # fmt: skip
+        values = trace.posterior["x"].values.reshape(-1, len(mean))
+        divergences = int(trace.sample_stats["diverging"].sum())
+        out |= {"warned": divergences > 0, "ends": f"{divergences} divergences"}
+    elif method == "pathfinder":
+        result = anchors.run_pathfinder(model, random_seed=1)
+        if not result.draws:
+            return {"error": result.status}
+        values = result.draws["x"]
+        k = result.pareto_k
+        out |= {"warned": k is not None and bool(np.isfinite(k)) and k >= 0.7,
+                "ends": result.status[:40]}  # fmt: skip
+    else:
+        fit = harness.fit_defaults(method, model)
+        out["seconds"] = time.perf_counter() - start
+        values = fit.approx.sample(draws, random_seed=2, return_inferencedata=False)["x"]
+        out |= {"warned": fit.warned, "steps": fit.steps, "grads": fit.grads,
+                "ends": f"{fit.stop}; {fit.verdict}".strip("; ")}  # fmt: skip
+        if method in ("gf", "gpf"):
+            q = fit.approx.gaussian()  # q's own errors, without the draws' Monte Carlo error
+            out["q_eps_mu"] = float(np.max(np.abs(q.mean - mean) / sd))
+            out["q_eps_sd"] = float(np.max(np.abs(np.sqrt(q.marginal_variances()) / sd - 1)))
+            out["structure"] = fit.approx.inference.structure.kind
+    out.setdefault("seconds", time.perf_counter() - start)
+    values = np.asarray(values).reshape(-1, len(mean))
+    eps_mu, eps_sd = harness.max_errors(values, mean, sd)
+    return out | {"eps_mu": eps_mu, "eps_sd": eps_sd, "peak_mb": memory_mb()["VmHWM"]}
+
+
+def low_rank(ctx) -> str:
+    ndim, draws = ctx.pick(1001, 1200), 4000
+    rows = []
+    # an untimed fit first: the compilation cache (C or numba, on disk) is then as warm for
+    # the first method as for the others
+    harness.run_child(dict(kind="low_rank", ndim=ndim, method="gf", draws=10))
+    # quick (CI's smoke run): ours and Pathfinder; ADVI and nutpie take minutes each
+    for method in ctx.pick(["gf", "gpf", "pathfinder"], list(LOW_RANK_LABELS)):
+        base = dict(kind="low_rank", ndim=ndim, method=method, draws=draws, nuts_draws=1000)
+        out = harness.run_child(base)
+        label, case = LOW_RANK_LABELS[method], f"D = {ndim}"
+        if "error" in out:
+            ctx.record(case, method, "failure", 1.0, note=out["error"])
+            rows.append([label, "failed", "", "", "", "", "", "", "", "", out["error"][:80]])
+            continue
+        ctx.record_many(case, method, [
+            ("seconds", out["seconds"], "s"), ("peak_memory", out["peak_mb"], "MB"),
+            ("max_abs_eps_mu", out["eps_mu"], "sd"), ("max_abs_eps_sd", out["eps_sd"], ""),
+            ("warned", float(out["warned"]), "")], note=out["ends"])  # fmt: skip
+        exact = "—"
+        if "q_eps_mu" in out:
+            exact = f"{fmt(out['q_eps_mu'], 2)} / {pct(out['q_eps_sd'])} ({out['structure']})"
+        accurate = out["eps_mu"] < 0.1 and out["eps_sd"] < 0.1
+        silent = not (accurate or out["warned"])
+        rows.append([label, fmt(out["seconds"]), f"{out['peak_mb']:.0f}", fmt(out["eps_mu"], 2),
+                     pct(out["eps_sd"]), "yes" if accurate else "no", exact,
+                     fmt(out.get("grads", np.nan)), "yes" if out["warned"] else "no",
+                     "**SILENT**" if silent else "", out["ends"]])  # fmt: skip
+        print(f"  low-rank {method}: {out['seconds']:.1f} s", flush=True)
+    table = md_table(["method", "seconds", "peak memory (MB)", "max ε_μ", "max ε_σ", "accurate",
+                      "q's own ε_μ / ε_σ", "grad evals", "warned", "silent", "ends; verdict"],
+                     rows)  # fmt: skip
+    return ctx.text("low_rank", ndim=ndim, draws=draws, table=table) + "\n"
+
+
 def large(ctx) -> str:
     sizes = ctx.pick([100], [100, 1000, 10_000])
     settings = {"reference_draws": ctx.pick(1000, 2000), "reference_chains": ctx.pick(2, 4),
@@ -131,4 +217,7 @@ def large(ctx) -> str:
     return ctx.text("large", table=table, steps=steps or "—", exponent=exponent) + "\n"
 
 
-SECTIONS = {"large": ("Large models: a hierarchical normal with up to 10 000 groups", large)}
+SECTIONS = {
+    "large": ("Large models: a hierarchical normal with up to 10 000 groups", large),
+    "low_rank": ("Large models without group effects: a Gaussian of the low-rank family", low_rank),
+}

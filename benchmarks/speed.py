@@ -114,10 +114,10 @@ def child(payload: dict) -> dict:
                 "refit": time.perf_counter() - middle}  # fmt: skip
     if payload["kind"] == "scale":
         return scale_child(payload)
-    if payload["kind"] == "large":
-        from benchmarks.large import large_child
+    if payload["kind"] in ("large", "low_rank"):
+        from benchmarks.large import large_child, low_rank_child
 
-        return large_child(payload)
+        return (large_child if payload["kind"] == "large" else low_rank_child)(payload)
     model = cases.speed_model(payload["model"])
     baseline, start = memory_mb()["VmRSS"], time.perf_counter()
     step, _, _ = stepper(payload["method"], model, payload["n"], payload["backend"],
