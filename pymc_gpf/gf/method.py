@@ -321,12 +321,14 @@ class GF(FlowInference):
     def _rule_shape(self) -> tuple[int, int, int]:
         """The automatic step's spherical-radial rules: ``(R, r, K)``, ``K`` the total rank
         of the factors (mean field: ``D``), ``R`` rules of ``r`` directions each."""
-        rank = sum(f.shape[-1] for f in self.approx.factors)
+        rank, draws = sum(f.shape[-1] for f in self.approx.factors), self.config.draws_per_step
         if self.structure.low_rank:  # the loadings' columns (the scales' draws standardised)
             rank = self.resolved.rank
+            if draws != AUTO:  # four points per pair of spokes: S / 4 pairs for S draws
+                draws = -(-int(draws) // 2)
         if self.structure.hierarchical:  # a rule in the globals and one local
             rank = len(self.structure.blocks[0]) + 1
-        pairs = draw_pairs(self.config.draws_per_step, rank)
+        pairs = draw_pairs(draws, rank)
         return (*flow.spherical_radial_shape(pairs, rank), rank)
 
     def resolved_draws(self, options: FitOptions | None) -> int:

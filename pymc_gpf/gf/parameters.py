@@ -65,7 +65,7 @@ def default_rank(ndim: int) -> int:
 def low_rank_rank(rank: int | None, ndim: int) -> int:
     """The low-rank structure's rank ``K``: ``rank``, or ``round(sqrt(D))`` (numpyro's
     ``AutoLowRankMultivariateNormal``) capped at :data:`MAX_LOW_RANK` (cost ``O(S D K)``
-    a step with ``S = 2 K`` draws)."""
+    a step with ``S = 4 max(K, 10) + 2`` draws)."""
     if rank is None:
         return max(1, min(round(math.sqrt(ndim)), MAX_LOW_RANK, ndim - 1))
     if not (is_integer(rank, 1) and rank < ndim):
@@ -145,7 +145,8 @@ def initial_factors(
 ) -> list[np.ndarray]:
     """``Gamma`` per block: ``scale`` times the first ``K`` columns of the identity (mean
     field: ``scale`` for every coordinate; low rank: ``scale`` for every coordinate and
-    ``U`` a tenth of that, off zero, where ``U = 0`` is a stationary point of the flow)."""
+    ``U`` its first ``K`` columns, off zero, where ``U = 0`` is a stationary point of the
+    flow)."""
     if structure.diagonal:
         return [np.full(ndim, scale, dtype=dtype)]
     if structure.low_rank:

@@ -170,3 +170,6 @@ def test_low_rank_refusals(low_rank_posterior):
         pm.fit(3, method="gf", model=model, learning_rate=0.01, progressbar=False,
                inf_kwargs={"structure": "low-rank"})  # fmt: skip
     assert low_rank_rank(None, 10**6) == MAX_LOW_RANK
+    # an explicit draws_per_step is honoured (rounded up to whole rules): S / 4 spoke pairs
+    gf = pymc_gpf.GF(structure="low-rank", rank=5, draws_per_step=40, model=model)
+    assert gf.resolved_draws(pymc_gpf.options.parse_fit_options(gf.target, "sgd")) == 42
