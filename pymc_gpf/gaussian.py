@@ -173,6 +173,11 @@ class GaussianQ:
         wide = constant - 0.5 * squared / factor**2 - dims * np.log(factor)
         return constant - 0.5 * squared, wide
 
+    def distance(self, points: np.ndarray) -> np.ndarray:
+        """The Mahalanobis distance of each row of ``points`` ``(S, D)`` from q's mean, in
+        q's metric (on a degenerate q without a ridge: within its support)."""
+        return np.sqrt(self._whitened(points)[0])
+
     def _whitened(self, points: np.ndarray, rtol: float = 1e-8) -> tuple[np.ndarray, np.ndarray]:
         """Per point the squared Mahalanobis distance from the mean and the log-density's
         constant (``-inf`` off the support of a degenerate q without a ridge)."""

@@ -26,7 +26,7 @@ from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gf.method import GF, fit_inside
 from pymc_gpf.options import FitOptions
-from pymc_gpf.start import initial_cloud
+from pymc_gpf.start import initial_centre, initial_cloud
 from pymc_gpf.stepgraph import StepGraph, dynamic_rows, share, standard_normal
 from pymc_gpf.verdict import FAMILY_LIMITED, NOT_CONVERGED, TRUSTWORTHY, Verdict
 
@@ -295,29 +295,68 @@ class Ensemble(FlowInference):
             # and chains started in q's mode would never find it
             self._start_q = q
             if q is not None and config.init == "gaussian":
-                # overdispersed starts (Gelman & Rubin): chains that begin in other modes
-                # stay there and show in R-hat, rather than all starting in q's
-                spread = q.sample(config.n_particles, self._init_rng) - q.mean
-                particles = (q.mean + OVERDISPERSION * spread).astype(target.dtype)
-                approx = EnsembleApproximation(self, particles)
+                approx = EnsembleApproximation(self, self._overdispersed(q))
                 approx.preconditioner(start_preconditioner(q, config.n_particles))
                 self._start_preconditioner = True
                 self._init_used = "gaussian"
                 return approx
             self._init_used = "initial_point"
-        spread = None
-        if self._start_q is not None and self.start_fit.get("converged"):
-            # around the initial point at q's scales and orientation, not the model's: a
-            # slope on predictors in the thousands has a posterior sd of 5e-5, and unit
-            # noise there put the chains 10^4 sds out, on a flat ridge of an improper
-            # posterior they never left (a negative binomial regression with flat priors)
-            q = self._start_q
-            spread = lambda n, rng: q.sample(n, rng) - q.mean  # noqa: E731
-        particles = initial_cloud(
-            target, self._start, self._init_rng, n_particles=config.n_particles,
-            init_scale=config.init_scale, init=self._init_used, spread=spread,
-        )  # fmt: skip
-        return EnsembleApproximation(self, particles)
+        q = self._start_q
+        if q is None or not self.start_fit.get("converged"):
+            return EnsembleApproximation(self, initial_cloud(
+                target, self._start, self._init_rng, n_particles=config.n_particles,
+                init_scale=config.init_scale, init=self._init_used,
+            ))  # fmt: skip
+        centre = initial_centre(target, self._start, self._init_used, self._init_rng)
+        # reported, and named in the remedy of a fit that did not converge: from beyond
+        # far_start the chains can spend any number of steps crossing a region where q's
+        # metric is not the posterior's. They still start here, not at q's draws: started
+        # there, the ensembles tutorial's chains all stayed in q's mode and passed R-hat,
+        # one of two mirror modes of equal mass missed
+        self.start_fit["initial_point_distance"] = float(q.distance(centre)[0])
+        # around the initial point at q's scales and orientation, not the model's: a slope
+        # on predictors in the thousands has a posterior sd of 5e-5, and unit noise there
+        # put the chains 10^4 sds out, on a flat ridge of an improper posterior they never
+        # left (a negative binomial regression with flat priors)
+        deviations = q.sample(config.n_particles, self._init_rng) - q.mean
+        return EnsembleApproximation(
+            self, (centre + config.init_scale * deviations).astype(target.dtype)
+        )
+
+    def _remedy(self, reason: str) -> str:
+        below = self._below_the_posterior() if reason == "max_steps" else None
+        if below is None:
+            return super()._remedy(reason)
+        return (
+            f"The chains' log-density (median {below[0]:.4g}) is still far below its mean "
+            f"under a Gaussian fit ({below[1]:.4g}), whose mean they started "
+            f"{self.start_fit['initial_point_distance']:.0f} of its sds from (the initial "
+            "point): they have not reached the posterior yet. init='gaussian' starts them "
+            "at that fit's draws (every chain then begins in its mode), or refine(n) "
+            "continues them"
+        )
+
+    def _below_the_posterior(self) -> tuple[float, float] | None:
+        """``(median log p of the particles, E_q[log p] of the start's Gaussian fit)`` when
+        the chains started far from that fit (:func:`far_start`) and their log-density is
+        still below its typical values by more than ``FAR_BELOW`` of its sds (a Gaussian
+        posterior's ``log p`` has sd ``sqrt(D / 2)`` in its typical set): chains crossing
+        to the posterior, not chains in another mode of the same height."""
+        fit = self.start_fit
+        if "mean_logp" not in fit or fit.get("initial_point_distance", 0.0) <= far_start(
+            self.target.ndim
+        ):
+            return None
+        median = float(np.median(np.asarray(self.approx.state.logp.get_value())))
+        limit = fit["mean_logp"] - FAR_BELOW * np.sqrt(self.target.ndim / 2.0)
+        return (median, fit["mean_logp"]) if median < limit else None
+
+    def _overdispersed(self, q: GaussianQ) -> np.ndarray:
+        """Draws of q with ``OVERDISPERSION`` times its sds (Gelman & Rubin): chains that
+        begin in other modes stay there and show in R-hat, rather than all starting in
+        q's."""
+        spread = q.sample(self.config.n_particles, self._init_rng) - q.mean
+        return (q.mean + OVERDISPERSION * spread).astype(self.target.dtype)
 
     def _fits_a_gaussian_first(self) -> bool:
         """Whether the Langevin kinds run a Gaussian fit before their first step (for their
@@ -453,6 +492,16 @@ class Ensemble(FlowInference):
 
 
 OVERDISPERSION = 2.0  # the chains start at draws of q with twice its sds
+FAR_BELOW = 10.0  # sds of log p below its typical values: the chains are not there yet
+
+
+def far_start(ndim: int) -> float:
+    """The distance from a Gaussian fit's mean, in its metric, beyond which a start is far:
+    farther than nearly every overdispersed start (``OVERDISPERSION`` times a chi variable
+    with ``ndim`` degrees of freedom, about ``sqrt(ndim)`` plus 3 sds)."""
+    return OVERDISPERSION * (np.sqrt(ndim) + 3.0)
+
+
 START_STEPS = 2000  # the most steps of the Gaussian fit (it converges in tens to hundreds)
 
 
@@ -479,6 +528,11 @@ def gaussian_start(
     } | ({"verdict": approx.outcome.verdict} if check else {})
     if not (np.all(np.isfinite(q.mean)) and np.all(np.isfinite(q.marginal_variances()))):
         return None, info | {"error": "not finite"}
+    elbo = approx.outcome.checks.get("elbo") if check else None
+    if elbo is not None and np.isfinite(elbo):
+        # E_q[log p] = ELBO + entropy, the entropy D/2 - log q(mean)
+        entropy = 0.5 * q.ndim - float(q.logpdf(q.mean[None])[0])
+        info["mean_logp"] = float(elbo) + entropy
     return q, info
 
 

@@ -12,6 +12,7 @@ from arviz_stats.base import array_stats
 import pymc_gpf
 
 from pymc_gpf.ensemble import control, flow
+from pymc_gpf.ensemble import method as ensemble_method
 from pymc_gpf.target import BatchedTarget
 
 MU, SD = np.array([1.0, -0.5]), np.array([1.0, 0.8])
@@ -188,6 +189,38 @@ def test_the_chains_start_at_the_posteriors_scale_not_the_models_units():
     assert np.all(np.abs(draws.mean(axis=0) - mean) / sd < 0.1)
     assert np.all(np.abs(draws.std(axis=0) / sd - 1) < 0.1)
     assert approx.outcome.verdict == "trustworthy"
+
+
+def test_chains_that_started_far_and_ran_out_of_steps_are_told_of_init_gaussian():
+    """The initial point of a regression with a predictor in the thousands lies about 70 of
+    the Gaussian fit's sds from it (the slope's posterior mean 0.002, sd about 1e-4, the
+    intercept's correlated with it). Stopped during burn-in, the chains' log-density is far
+    below the fit's typical values and the warning names ``init="gaussian"``; from an
+    initial point a few sds away it does not."""
+    rng = np.random.default_rng(8)
+    x = rng.uniform(1000, 5000, size=100)
+    design = np.column_stack([np.ones_like(x), x])
+    y = design @ [1.0, 0.002] + rng.normal(size=100)
+    cov = np.linalg.inv(design.T @ design)  # sigma = 1, flat priors
+    mean = cov @ design.T @ y
+    with pm.Model():
+        beta = pm.Flat("beta", shape=2)
+        pm.Normal("y", design @ beta, 1.0, observed=y)
+        with pytest.warns(pymc_gpf.FitWarning, match="init='gaussian'"):
+            far = pm.fit(5, method="ensemble", random_seed=3, progressbar=False)
+        near_start = {"beta": mean + np.linalg.cholesky(cov) @ np.ones(2)}  # sqrt(2) sds
+        with pytest.warns(pymc_gpf.FitWarning) as record:
+            near = pm.fit(5, method="ensemble", random_seed=3, start=near_start,
+                          progressbar=False)  # fmt: skip
+    # q is the Gaussian fit of an exactly Gaussian posterior: the exact Mahalanobis distance
+    exact = np.sqrt(mean @ np.linalg.solve(cov, mean))
+    distance = far.inference.start_fit["initial_point_distance"]
+    assert exact > 5 * ensemble_method.far_start(2) and abs(distance / exact - 1) < 0.05
+    assert near.inference.start_fit["initial_point_distance"] < 3.0
+    assert not any("init='gaussian'" in str(w.message) for w in record)
+    assert far.outcome.reason == near.outcome.reason == "max_steps"
+    below = far.inference._below_the_posterior()
+    assert below is not None and below[0] < below[1]
 
 
 def test_a_fixed_step_too_large_for_the_posterior_says_so():
