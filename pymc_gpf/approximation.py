@@ -26,6 +26,7 @@ from pymc_gpf.engine import FlowInference
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.importance import ImportancePool, capped
 from pymc_gpf.persistence import save, to_datatree
+from pymc_gpf.threads import one_blas_pool
 from pymc_gpf.verdict import Verdict, importance_check, importance_verdict
 
 # points per log-density call: as many as keep one call within about 2^22 data terms (large
@@ -100,7 +101,8 @@ class FlowApproximation:
         points = self._check_points(points)
         fn = self._compiled_for("logp", functools.partial(self.target.compile_logp, full_data=True))
         size = int(np.clip(LOGP_TERMS // self.target.data_size, MIN_CHUNK, MAX_CHUNK))
-        chunks = [fn(points[i : i + size]) for i in range(0, len(points), size)]
+        with one_blas_pool():  # also when called outside a fit (diagnose, PSIS draws)
+            chunks = [fn(points[i : i + size]) for i in range(0, len(points), size)]
         return np.concatenate(chunks).astype(float)
 
     # ------------------------------------------------------------------ the verdict

@@ -45,6 +45,7 @@ from pymc_gpf.options import (
 from pymc_gpf.record import FitRecord
 from pymc_gpf.stepgraph import compile_step
 from pymc_gpf.target import batched_target
+from pymc_gpf.threads import one_blas_pool
 from pymc_gpf.verdict import (
     FAMILY_LIMITED,
     NOT_CONVERGED,
@@ -484,7 +485,11 @@ class FlowInference(Inference):
     def _run(self, n: int, progressbar: bool, progressbar_theme) -> None:
         """At most ``n`` steps of the compiled step under the controller: extends the
         record, raises on a failed step, judges the fit and warns when it is not
-        trustworthy."""
+        trustworthy. One BLAS pool keeps its threads meanwhile (:mod:`pymc_gpf.threads`)."""
+        with one_blas_pool():
+            self._steps_and_verdict(n, progressbar, progressbar_theme)
+
+    def _steps_and_verdict(self, n: int, progressbar: bool, progressbar_theme) -> None:
         self._apply(self.control.resume())
         start = self.state.i
         done = 0

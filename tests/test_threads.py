@@ -1,0 +1,48 @@
+"""While a fit runs, one BLAS pool keeps its threads (:mod:`pymc_gpf.threads`)."""
+
+from __future__ import annotations
+
+import pymc as pm
+import scipy.linalg  # noqa: F401  (loads SciPy's BLAS, a second pool in wheel installs)
+
+from threadpoolctl import ThreadpoolController
+
+from pymc_gpf.threads import _numpy_pool, one_blas_pool
+
+
+def _threads() -> dict[str, int]:
+    return {
+        c.filepath: c.num_threads
+        for c in ThreadpoolController().lib_controllers
+        if c.user_api == "blas"
+    }
+
+
+def test_every_pool_but_numpys_gets_one_thread_and_is_restored():
+    before = _threads()
+    with one_blas_pool():
+        inside = _threads()
+    assert _threads() == before
+    if len(before) < 2:
+        assert inside == before  # one pool: nothing to separate
+        return
+    numpy_pools = [path for path in before if _numpy_pool(path)]
+    assert len(numpy_pools) <= 1
+    for path, n in inside.items():
+        assert n == (before[path] if path in numpy_pools else 1), (path, n)
+
+
+def test_a_fit_and_its_callbacks_run_inside_it():
+    seen = []
+    with pm.Model():
+        pm.Normal("x", 0.0, 1.0)
+        pm.fit(
+            3, method="gf", random_seed=1, progressbar=False, check_draws=0,
+            callbacks=[lambda approx, hist, i: seen.append(_threads())],
+        )  # fmt: skip
+    pools = _threads()
+    assert len(seen) == 3
+    if len(pools) >= 2:
+        busy = [sum(n > 1 for n in threads.values()) for threads in seen]
+        assert max(busy) <= 1, seen
+    assert _threads() == pools
