@@ -101,7 +101,9 @@ class FlowApproximation:
         points = self._check_points(points)
         fn = self._compiled_for("logp", functools.partial(self.target.compile_logp, full_data=True))
         size = int(np.clip(LOGP_TERMS // self.target.data_size, MIN_CHUNK, MAX_CHUNK))
-        with one_blas_pool():  # also when called outside a fit (diagnose, PSIS draws)
+        options = self.inference.fit_options
+        # also when called outside a fit (diagnose, PSIS draws)
+        with one_blas_pool(options.compile_backend if options is not None else None):
             chunks = [fn(points[i : i + size]) for i in range(0, len(points), size)]
         return np.concatenate(chunks).astype(float)
 

@@ -486,7 +486,7 @@ class FlowInference(Inference):
         """At most ``n`` steps of the compiled step under the controller: extends the
         record, raises on a failed step, judges the fit and warns when it is not
         trustworthy. One BLAS pool keeps its threads meanwhile (:mod:`pymc_gpf.threads`)."""
-        with one_blas_pool():
+        with one_blas_pool(self.fit_options.compile_backend):
             self._steps_and_verdict(n, progressbar, progressbar_theme)
 
     def _steps_and_verdict(self, n: int, progressbar: bool, progressbar_theme) -> None:

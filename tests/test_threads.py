@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pymc as pm
+import pytest
 import scipy.linalg  # noqa: F401  (loads SciPy's BLAS, a second pool in wheel installs)
 
 from threadpoolctl import ThreadpoolController
 
-from pymc_gpf.threads import _numpy_pool, one_blas_pool
+from pymc_gpf.threads import _pool_of, one_blas_pool
 
 
 def _threads() -> dict[str, int]:
@@ -18,18 +19,20 @@ def _threads() -> dict[str, int]:
     }
 
 
-def test_every_pool_but_numpys_gets_one_thread_and_is_restored():
+@pytest.mark.parametrize(("backend", "package"), [("quick_c", "numpy"), ("numba", "scipy")])
+def test_every_pool_but_the_backends_gets_one_thread_and_is_restored(backend, package):
+    """The C backends' products run in NumPy's BLAS, numba's in SciPy's."""
     before = _threads()
-    with one_blas_pool():
+    with one_blas_pool(backend):
         inside = _threads()
     assert _threads() == before
     if len(before) < 2:
         assert inside == before  # one pool: nothing to separate
         return
-    numpy_pools = [path for path in before if _numpy_pool(path)]
-    assert len(numpy_pools) <= 1
+    kept = [path for path in before if _pool_of(package, path)]
+    assert len(kept) <= 1
     for path, n in inside.items():
-        assert n == (before[path] if path in numpy_pools else 1), (path, n)
+        assert n == (before[path] if path in kept else 1), (path, n)
 
 
 def test_a_fit_and_its_callbacks_run_inside_it():
