@@ -28,6 +28,8 @@ from threadpoolctl import ThreadpoolController
 
 __all__ = ["one_blas_pool"]
 
+_inside = False  # a block of one_blas_pool is running (threadpoolctl's scan costs ~2 ms)
+
 _DIRS = {"numpy": os.path.dirname(np.__file__), "scipy": os.path.dirname(scipy.__file__)}
 
 
@@ -48,10 +50,11 @@ def one_blas_pool(backend: str | None = "quick_c") -> Iterator[None]:
     """Every loaded BLAS pool but the one ``backend``'s matrix products use (``None``:
     PyMC's default, numba) on one thread inside the block, each restored after it; nothing
     when only one pool is loaded."""
-    pools = [c for c in ThreadpoolController().lib_controllers if c.user_api == "blas"]
-    if len(pools) < 2:
+    global _inside
+    if _inside:  # nested (a fit's verdict, a GF fit inside an ensemble's): already set
         yield
         return
+    pools = [c for c in ThreadpoolController().lib_controllers if c.user_api == "blas"]
     package = _package(backend)
     others = [c for c in pools if not _pool_of(package, c.filepath)]
     if len(others) == len(pools):  # that package's pool not recognised: keep the first
@@ -59,8 +62,10 @@ def one_blas_pool(backend: str | None = "quick_c") -> Iterator[None]:
     threads = [c.num_threads for c in others]
     for pool in others:
         pool.set_num_threads(1)
+    _inside = True
     try:
         yield
     finally:
+        _inside = False
         for pool, n in zip(others, threads, strict=True):
             pool.set_num_threads(n)

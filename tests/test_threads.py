@@ -49,3 +49,15 @@ def test_a_fit_and_its_callbacks_run_inside_it():
         busy = [sum(n > 1 for n in threads.values()) for threads in seen]
         assert max(busy) <= 1, seen
     assert _threads() == pools
+
+
+def test_a_nested_block_leaves_the_outer_blocks_setting():
+    """A fit inside a fit (GPF's GF continuation, an ensemble's start) keeps the outer
+    block's pools until the outer block ends."""
+    before = _threads()
+    with one_blas_pool("quick_c"):
+        outer = _threads()
+        with one_blas_pool("numba"):
+            assert _threads() == outer
+        assert _threads() == outer
+    assert _threads() == before
