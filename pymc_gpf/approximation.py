@@ -206,7 +206,7 @@ class FlowApproximation:
         ``regularize`` gives a degenerate q the density PSIS needs (as in
         :func:`pymc_gpf.diagnose`). The default, ``psis=None``, returns them where the fit's
         verdict found q measurably off and importance sampling reliable
-        (``approx.outcome.checks["psis_default"]``: family-limited with k̂ < 0.6), resampled
+        (``approx.outcome.checks["psis_default"]``: family-limited with k̂ < 0.7), resampled
         from the very draws the verdict judged, whose k̂ it found reliable (extended if
         ``4 * draws`` exceeds them), so they cost no second pass over the data; q's own
         draws otherwise. ``psis=False`` always gives q's draws. The ``posterior`` group's
