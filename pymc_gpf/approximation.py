@@ -26,6 +26,7 @@ from pymc_gpf.engine import FlowInference
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.importance import ImportancePool, capped
 from pymc_gpf.persistence import save, to_datatree
+from pymc_gpf.target import LARGE_DATA
 from pymc_gpf.threads import one_blas_pool
 from pymc_gpf.verdict import Verdict, importance_check, importance_verdict
 
@@ -103,7 +104,8 @@ class FlowApproximation:
         size = int(np.clip(LOGP_TERMS // self.target.data_size, MIN_CHUNK, MAX_CHUNK))
         options = self.inference.fit_options
         # also when called outside a fit (diagnose, PSIS draws)
-        with one_blas_pool(options.compile_backend if options is not None else None):
+        backend = options.compile_backend if options is not None else None
+        with one_blas_pool(backend, self.target.data_size >= LARGE_DATA):
             chunks = [fn(points[i : i + size]) for i in range(0, len(points), size)]
         return np.concatenate(chunks).astype(float)
 

@@ -44,7 +44,7 @@ from pymc_gpf.options import (
 )
 from pymc_gpf.record import FitRecord
 from pymc_gpf.stepgraph import compile_step
-from pymc_gpf.target import batched_target
+from pymc_gpf.target import LARGE_DATA, batched_target
 from pymc_gpf.threads import one_blas_pool
 from pymc_gpf.verdict import (
     FAMILY_LIMITED,
@@ -486,7 +486,8 @@ class FlowInference(Inference):
         """At most ``n`` steps of the compiled step under the controller: extends the
         record, raises on a failed step, judges the fit and warns when it is not
         trustworthy. One BLAS pool keeps its threads meanwhile (:mod:`pymc_gpf.threads`)."""
-        with one_blas_pool(self.fit_options.compile_backend):
+        large = self.target.data_size >= LARGE_DATA
+        with one_blas_pool(self.fit_options.compile_backend, large):
             self._steps_and_verdict(n, progressbar, progressbar_theme)
 
     def _steps_and_verdict(self, n: int, progressbar: bool, progressbar_theme) -> None:

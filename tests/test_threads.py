@@ -19,11 +19,19 @@ def _threads() -> dict[str, int]:
     }
 
 
+def test_small_data_gets_one_thread_in_every_pool_and_is_restored():
+    before = _threads()
+    with one_blas_pool("quick_c"):
+        inside = _threads()
+    assert _threads() == before
+    assert all(n == 1 for n in inside.values()), inside
+
+
 @pytest.mark.parametrize(("backend", "package"), [("quick_c", "numpy"), ("numba", "scipy")])
-def test_every_pool_but_the_backends_gets_one_thread_and_is_restored(backend, package):
+def test_large_data_keeps_the_backends_pool_alone_and_is_restored(backend, package):
     """The C backends' products run in NumPy's BLAS, numba's in SciPy's."""
     before = _threads()
-    with one_blas_pool(backend):
+    with one_blas_pool(backend, large=True):
         inside = _threads()
     assert _threads() == before
     if len(before) < 2:
@@ -45,9 +53,7 @@ def test_a_fit_and_its_callbacks_run_inside_it():
         )  # fmt: skip
     pools = _threads()
     assert len(seen) == 3
-    if len(pools) >= 2:
-        busy = [sum(n > 1 for n in threads.values()) for threads in seen]
-        assert max(busy) <= 1, seen
+    assert all(n == 1 for threads in seen for n in threads.values()), seen  # small data
     assert _threads() == pools
 
 
@@ -55,9 +61,9 @@ def test_a_nested_block_leaves_the_outer_blocks_setting():
     """A fit inside a fit (GPF's GF continuation, an ensemble's start) keeps the outer
     block's pools until the outer block ends."""
     before = _threads()
-    with one_blas_pool("quick_c"):
+    with one_blas_pool("quick_c", large=True):
         outer = _threads()
-        with one_blas_pool("numba"):
+        with one_blas_pool("numba", large=True):
             assert _threads() == outer
         assert _threads() == outer
     assert _threads() == before
