@@ -21,7 +21,14 @@ from scipy import stats
 import pymc_gpf
 
 from pymc_gpf.gaussian import GaussianQ
-from pymc_gpf.verdict import FAMILY_LIMITED, NOT_CONVERGED, TRUSTWORTHY, importance_check
+from pymc_gpf.verdict import (
+    FAMILY_LIMITED,
+    NOT_CONVERGED,
+    TRUSTWORTHY,
+    ImportanceCheck,
+    importance_check,
+    importance_verdict,
+)
 
 
 # ------------------------------------------------ the importance check, in closed form
@@ -317,3 +324,17 @@ def test_family_limited_fits_sample_psis_corrected_draws_by_default():
     assert plain.posterior.attrs["draws_from"] == "q"
     eps_mean, eps_sd = errors(plain.posterior)
     assert eps_mean > 0.1 or eps_sd > 0.1
+
+
+def test_unreliable_weights_of_the_defensive_mixture_are_named_as_such():
+    """q's own k̂ below 0.7, the errors' weights (q and q widened) above: the verdict says
+    which k̂ failed, never "0.65 ≥ 0.7" (the hard section's mixture, GF: 0.65 and 1.24)."""
+    check = ImportanceCheck(
+        draws=20480, pareto_k=0.65, mean_error=0.1, mean_error_se=0.01, worst_mean="mu[0]",
+        sd_error=0.2, sd_error_se=0.02, worst_sd="sigma[1]", elbo=-400.0, elbo_mcse=0.01,
+        mixture_k=1.24,
+    )  # fmt: skip
+    verdict = importance_verdict(check, "Use method='ensemble'", 0.1)
+    assert verdict.word == FAMILY_LIMITED
+    assert "1.24 ≥ 0.7" in verdict.cause and "0.65 for q's own" in verdict.cause
+    assert "0.65 ≥" not in verdict.cause
