@@ -26,8 +26,6 @@ from pymc_gpf.engine import FlowInference
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.importance import ImportancePool, capped
 from pymc_gpf.persistence import save, to_datatree
-from pymc_gpf.target import LARGE_DATA
-from pymc_gpf.threads import one_blas_pool
 from pymc_gpf.verdict import Verdict, importance_check, importance_verdict
 
 # points per log-density call: as many as keep one call within about 2^22 data terms (large
@@ -102,10 +100,7 @@ class FlowApproximation:
         points = self._check_points(points)
         fn = self._compiled_for("logp", functools.partial(self.target.compile_logp, full_data=True))
         size = int(np.clip(LOGP_TERMS // self.target.data_size, MIN_CHUNK, MAX_CHUNK))
-        options = self.inference.fit_options
-        # also when called outside a fit (diagnose, PSIS draws)
-        backend = options.compile_backend if options is not None else None
-        with one_blas_pool(backend, self.target.data_size >= LARGE_DATA):
+        with self.inference.blas_threads():  # also outside a fit (diagnose, PSIS draws)
             chunks = [fn(points[i : i + size]) for i in range(0, len(points), size)]
         return np.concatenate(chunks).astype(float)
 
@@ -159,8 +154,7 @@ class FlowApproximation:
 
     def _compiled_for(self, key, compile_fn, *args):
         """A compiled function of the target, once per fit backend."""
-        options = self.inference.fit_options
-        backend = options.compile_backend if options is not None else None
+        backend = self.inference.compile_backend
         if (key, backend, *args) not in self._compiled:
             self._compiled[key, backend, *args] = compile_fn(*args, backend=backend)
         return self._compiled[key, backend, *args]

@@ -486,9 +486,18 @@ class FlowInference(Inference):
         """At most ``n`` steps of the compiled step under the controller: extends the
         record, raises on a failed step, judges the fit and warns when it is not
         trustworthy. One BLAS pool keeps its threads meanwhile (:mod:`pymc_gpf.threads`)."""
-        large = self.target.data_size >= LARGE_DATA
-        with one_blas_pool(self.fit_options.compile_backend, large):
+        with self.blas_threads():
             self._steps_and_verdict(n, progressbar, progressbar_theme)
+
+    @property
+    def compile_backend(self) -> str | None:
+        """What the fit compiles with (``None`` before a fit: PyMC's default)."""
+        return self.fit_options.compile_backend if self.fit_options is not None else None
+
+    def blas_threads(self):
+        """The BLAS threads of this fit's evaluations (:func:`pymc_gpf.threads.one_blas_pool`:
+        one per pool, unless the data are large)."""
+        return one_blas_pool(self.compile_backend, self.target.data_size >= LARGE_DATA)
 
     def _steps_and_verdict(self, n: int, progressbar: bool, progressbar_theme) -> None:
         self._apply(self.control.resume())

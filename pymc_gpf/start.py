@@ -87,11 +87,13 @@ def initial_cloud(
     init_scale: float,
     init: str,
     spread: Callable[[int, np.random.Generator], np.ndarray] | None = None,
+    centre: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``n_particles`` points ``(N, D)`` around :func:`initial_centre`: the centre plus
-    ``init_scale`` times deviations ``spread(N, rng)`` (default standard normal noise), in
-    the target's dtype."""
-    centre = initial_centre(target, start, init, rng)
+    """``n_particles`` points ``(N, D)`` around ``centre`` (default :func:`initial_centre`):
+    the centre plus ``init_scale`` times deviations ``spread(N, rng)`` (default standard
+    normal noise), in the target's dtype."""
+    if centre is None:
+        centre = initial_centre(target, start, init, rng)
     if spread is None:
         deviations = rng.standard_normal((n_particles, target.ndim))
     else:

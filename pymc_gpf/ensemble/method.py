@@ -301,27 +301,25 @@ class Ensemble(FlowInference):
                 self._init_used = "gaussian"
                 return approx
             self._init_used = "initial_point"
-        q = self._start_q
-        if q is None or not self.start_fit.get("converged"):
-            return EnsembleApproximation(self, initial_cloud(
-                target, self._start, self._init_rng, n_particles=config.n_particles,
-                init_scale=config.init_scale, init=self._init_used,
-            ))  # fmt: skip
-        centre = initial_centre(target, self._start, self._init_used, self._init_rng)
-        # reported, and named in the remedy of a fit that did not converge: from beyond
-        # far_start the chains can spend any number of steps crossing a region where q's
-        # metric is not the posterior's. They still start here, not at q's draws: started
-        # there, the ensembles tutorial's chains all stayed in q's mode and passed R-hat,
-        # one of two mirror modes of equal mass missed
-        self.start_fit["initial_point_distance"] = float(q.distance(centre)[0])
-        # around the initial point at q's scales and orientation, not the model's: a slope
-        # on predictors in the thousands has a posterior sd of 5e-5, and unit noise there
-        # put the chains 10^4 sds out, on a flat ridge of an improper posterior they never
-        # left (a negative binomial regression with flat priors)
-        deviations = q.sample(config.n_particles, self._init_rng) - q.mean
-        return EnsembleApproximation(
-            self, (centre + config.init_scale * deviations).astype(target.dtype)
-        )
+        q, spread, centre = self._start_q, None, None
+        if q is not None and self.start_fit.get("converged"):
+            centre = initial_centre(target, self._start, self._init_used, self._init_rng)
+            # reported, and named in the remedy of a fit that did not converge: from beyond
+            # far_start the chains can spend any number of steps crossing a region where
+            # q's metric is not the posterior's. They still start here, not at q's draws:
+            # started there, the ensembles tutorial's chains all stayed in q's mode and
+            # passed R-hat, one of two mirror modes of equal mass missed
+            self.start_fit["initial_point_distance"] = float(q.distance(centre)[0])
+            # around the initial point at q's scales and orientation, not the model's: a
+            # slope on predictors in the thousands has a posterior sd of 5e-5, and unit
+            # noise there put the chains 10^4 sds out, on a flat ridge of an improper
+            # posterior they never left (a negative binomial regression with flat priors)
+            spread = lambda n, rng: q.sample(n, rng) - q.mean  # noqa: E731
+        particles = initial_cloud(
+            target, self._start, self._init_rng, n_particles=config.n_particles,
+            init_scale=config.init_scale, init=self._init_used, spread=spread, centre=centre,
+        )  # fmt: skip
+        return EnsembleApproximation(self, particles)
 
     def _remedy(self, reason: str) -> str:
         below = self._below_the_posterior() if reason == "max_steps" else None
