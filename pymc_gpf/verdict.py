@@ -123,6 +123,9 @@ class ImportanceCheck:
     upper: float = 0.0  # max over scalars of (|error| + 2 se) / tolerance
     lower: float = 0.0  # max over scalars of (|error| - 2 se) / tolerance
     mixture_k: float = float("nan")  # k̂ of the weights the errors use (defensive mixture)
+    # whether more draws would not change the answer: reliable, and the bounds clear of the
+    # tolerances with the standard errors widened for k̂ above 1/2 (:func:`_settled`)
+    settled: bool = False
     # the draws judged (PSIS-corrected draws of the fit resample from them)
     pool: ImportancePool | None = field(default=None, repr=False, compare=False)
 
@@ -252,8 +255,9 @@ def importance_check(
 
     ``approx.check_proposal(rng)`` gives what to draw from (q, or for a degenerate q a proper
     Gaussian around it) and, for a degenerate q, q itself to read its moments from. Draws are
-    added (``first_draws`` of q, then doubling up to ``max_draws``) while k̂ is at least 0.5
-    or the errors' bounds straddle the tolerances. k̂ is that of q's draws. The errors
+    added (``first_draws`` of q, then doubling up to ``max_draws``) until the answer is
+    settled (:func:`_settled`): k̂ below 0.7 and the errors' bounds, widened where k̂
+    exceeds 1/2, clear of the tolerances. k̂ is that of q's draws. The errors
     compare q's moments with importance-weighted ones of every scalar of the constrained
     free variables; those weights are p / g for the defensive mixture g of q and q widened
     (:class:`pymc_gpf.importance.ImportancePool`), so that a q too narrow for the
@@ -276,8 +280,7 @@ def importance_check(
         check = _summarise(approx, pool, names, cache)
         if _cached_numbers(cache) > CACHE:
             del cache[newest]  # drawn again when needed
-        clear = check.pareto_k < 0.5 and (check.accurate or check.inaccurate)
-        if clear or pool.size >= max_draws:
+        if check.settled or pool.size >= max_draws:
             return replace(check, pool=pool)
         size = min(pool.size, max_draws - pool.size)
 
@@ -380,14 +383,21 @@ def _summarise(approx, pool: ImportancePool, names, cache) -> ImportanceCheck:
     sd_error = np.abs(ratio - 1.0)
     # d(sd_q / sd_is) ≈ ratio (dvar_q / var_q - dvar_is / var_is) / 2: the difference's se
     sd_error_se = 0.5 * ratio * moments["var_diff_se"] / np.maximum(moments["var_is"], 1e-300)
-    upper = np.maximum(
-        (mean_error + BOUND_Z * mean_error_se) / MEAN_TOLERANCE,
-        (sd_error + BOUND_Z * sd_error_se) / SD_TOLERANCE,
-    )
-    lower = np.maximum(
-        (mean_error - BOUND_Z * mean_error_se) / MEAN_TOLERANCE,
-        (sd_error - BOUND_Z * sd_error_se) / SD_TOLERANCE,
-    )
+
+    def bounds(z: float) -> tuple[float, float]:
+        """The largest upper and lower bounds ``error +- z se``, in tolerances."""
+        upper = np.maximum(
+            (mean_error + z * mean_error_se) / MEAN_TOLERANCE,
+            (sd_error + z * sd_error_se) / SD_TOLERANCE,
+        )
+        lower = np.maximum(
+            (mean_error - z * mean_error_se) / MEAN_TOLERANCE,
+            (sd_error - z * sd_error_se) / SD_TOLERANCE,
+        )
+        return float(np.max(upper)), float(np.max(lower))
+
+    upper, lower = bounds(BOUND_Z)
+    settled = _settled(k, k_mixture, int(from_q.sum()), bounds)
     i, j = int(np.argmax(mean_error)), int(np.argmax(sd_error))
     ratios = (log_p - log_q)[from_q]
     usable = np.isfinite(ratios)
@@ -407,10 +417,25 @@ def _summarise(approx, pool: ImportancePool, names, cache) -> ImportanceCheck:
         log_evidence=float(logsumexp(ratios[usable]) - np.log(usable.sum()))
         if usable.any()
         else float("nan"),
-        upper=float(np.max(upper)),
-        lower=float(np.max(lower)),
+        upper=upper,
+        lower=lower,
         mixture_k=float(k_mixture),
+        settled=settled,
     )
+
+
+def _settled(k: float, k_mixture: float, draws: int, bounds: Callable) -> bool:
+    """Whether more draws would leave the answer as it is: k̂ of q's ``draws`` and of the
+    errors' weights below 0.7, and the errors' bounds clear of the tolerances. The
+    standard errors assume a finite variance of the weights, i.e. k < 1/2; above it the
+    error of an importance-sampling estimate falls as ``S^-(1-k)``, not ``S^-1/2`` (tail
+    index 1/k, Vehtari et al. 2024 §3), so they are widened by ``S^(k - 1/2)`` (2.3 at
+    k̂ = 0.6 from 4096 draws). Below k̂ = 1/2: the bounds as they are."""
+    heaviest = float(np.nanmax([k, k_mixture]))  # no defensive component: k_mixture NaN
+    if not heaviest < KHAT_LIMIT:
+        return False
+    upper, lower = bounds(BOUND_Z * max(1.0, draws ** (heaviest - 0.5)))
+    return upper < 1.0 or lower > 1.0
 
 
 def _khat(k: float) -> float:
