@@ -429,7 +429,7 @@ def _settled(k: float, k_mixture: float, draws: int, bounds: Callable) -> bool:
     errors' weights below 0.7, and the errors' bounds clear of the tolerances. The
     standard errors assume a finite variance of the weights, i.e. k < 1/2; above it the
     error of an importance-sampling estimate falls as ``S^-(1-k)``, not ``S^-1/2`` (tail
-    index 1/k, Vehtari et al. 2024 §3), so they are widened by ``S^(k - 1/2)`` (2.3 at
+    index 1/k; Vehtari et al. 2024), so they are widened by ``S^(k - 1/2)`` (2.3 at
     k̂ = 0.6 from 4096 draws). Below k̂ = 1/2: the bounds as they are."""
     heaviest = float(np.nanmax([k, k_mixture]))  # no defensive component: k_mixture NaN
     if not heaviest < KHAT_LIMIT:
