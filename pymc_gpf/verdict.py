@@ -11,7 +11,7 @@ Three words (:data:`WORDS`), with the numbers behind them:
   vouches for (0.1 posterior sd, 10 %).
 * **trustworthy**: converged, k̂ < 0.7, and importance sampling confirms every constrained
   free scalar's mean within 0.1 posterior sd and sd within 10 % of q's (upper 95 % bounds of
-  the estimated errors, :func:`importance_check`).
+  the estimated errors, widened where k̂ > 1/2: :func:`widening`, :func:`importance_check`).
 
 The importance check draws from q in batches, ``FIRST_DRAWS`` then doubling up to
 ``max_draws`` while the answer is not yet clear: on a near-Gaussian posterior the log ratios
@@ -119,13 +119,12 @@ class ImportanceCheck:
     # log p(y) estimated by importance sampling, log mean exp(log p - log q): its excess over
     # the ELBO is the bound's gap, KL(q || posterior)
     log_evidence: float = float("nan")
-    # over all scalars: the largest upper and lower 2-se bounds of the two errors
-    upper: float = 0.0  # max over scalars of (|error| + 2 se) / tolerance
-    lower: float = 0.0  # max over scalars of (|error| - 2 se) / tolerance
+    # over all scalars: the largest upper and lower bounds of the two errors, 2 standard
+    # errors times ``widening`` (:func:`widening`) either side
+    upper: float = 0.0  # max over scalars of (|error| + 2 widening se) / tolerance
+    lower: float = 0.0  # max over scalars of (|error| - 2 widening se) / tolerance
     mixture_k: float = float("nan")  # k̂ of the weights the errors use (defensive mixture)
-    # whether more draws would not change the answer: reliable, and the bounds clear of the
-    # tolerances with the standard errors widened for k̂ above 1/2 (:func:`_settled`)
-    settled: bool = False
+    widening: float = 1.0
     # the draws judged (PSIS-corrected draws of the fit resample from them)
     pool: ImportancePool | None = field(default=None, repr=False, compare=False)
 
@@ -144,6 +143,11 @@ class ImportanceCheck:
         """q's errors confidently exceed a tolerance."""
         return self.reliable and self.lower > 1.0
 
+    @property
+    def settled(self) -> bool:
+        """More draws would not change the answer."""
+        return self.accurate or self.inaccurate
+
     def numbers(self) -> dict[str, Any]:
         return {
             "pareto_k": self.pareto_k,
@@ -158,6 +162,7 @@ class ImportanceCheck:
             "elbo_mcse": self.elbo_mcse,
             "log_evidence": self.log_evidence,
             "mixture_pareto_k": self.mixture_k,
+            "error_se_widening": self.widening,
         }
 
 
@@ -256,8 +261,8 @@ def importance_check(
     ``approx.check_proposal(rng)`` gives what to draw from (q, or for a degenerate q a proper
     Gaussian around it) and, for a degenerate q, q itself to read its moments from. Draws are
     added (``first_draws`` of q, then doubling up to ``max_draws``) until the answer is
-    settled (:func:`_settled`): k̂ below 0.7 and the errors' bounds, widened where k̂
-    exceeds 1/2, clear of the tolerances. k̂ is that of q's draws. The errors
+    settled: k̂ below 0.7 and the errors' bounds, widened where k̂ exceeds 1/2
+    (:func:`widening`), clear of the tolerances. k̂ is that of q's draws. The errors
     compare q's moments with importance-weighted ones of every scalar of the constrained
     free variables; those weights are p / g for the defensive mixture g of q and q widened
     (:class:`pymc_gpf.importance.ImportancePool`), so that a q too narrow for the
@@ -383,21 +388,15 @@ def _summarise(approx, pool: ImportancePool, names, cache) -> ImportanceCheck:
     sd_error = np.abs(ratio - 1.0)
     # d(sd_q / sd_is) ≈ ratio (dvar_q / var_q - dvar_is / var_is) / 2: the difference's se
     sd_error_se = 0.5 * ratio * moments["var_diff_se"] / np.maximum(moments["var_is"], 1e-300)
-
-    def bounds(z: float) -> tuple[float, float]:
-        """The largest upper and lower bounds ``error +- z se``, in tolerances."""
-        upper = np.maximum(
-            (mean_error + z * mean_error_se) / MEAN_TOLERANCE,
-            (sd_error + z * sd_error_se) / SD_TOLERANCE,
-        )
-        lower = np.maximum(
-            (mean_error - z * mean_error_se) / MEAN_TOLERANCE,
-            (sd_error - z * sd_error_se) / SD_TOLERANCE,
-        )
-        return float(np.max(upper)), float(np.max(lower))
-
-    upper, lower = bounds(BOUND_Z)
-    settled = _settled(k, k_mixture, int(from_q.sum()), bounds)
+    wider = widening(k, k_mixture, int(from_q.sum()))
+    upper = np.maximum(
+        (mean_error + BOUND_Z * wider * mean_error_se) / MEAN_TOLERANCE,
+        (sd_error + BOUND_Z * wider * sd_error_se) / SD_TOLERANCE,
+    )
+    lower = np.maximum(
+        (mean_error - BOUND_Z * wider * mean_error_se) / MEAN_TOLERANCE,
+        (sd_error - BOUND_Z * wider * sd_error_se) / SD_TOLERANCE,
+    )
     i, j = int(np.argmax(mean_error)), int(np.argmax(sd_error))
     ratios = (log_p - log_q)[from_q]
     usable = np.isfinite(ratios)
@@ -417,25 +416,24 @@ def _summarise(approx, pool: ImportancePool, names, cache) -> ImportanceCheck:
         log_evidence=float(logsumexp(ratios[usable]) - np.log(usable.sum()))
         if usable.any()
         else float("nan"),
-        upper=upper,
-        lower=lower,
+        upper=float(np.max(upper)),
+        lower=float(np.max(lower)),
         mixture_k=float(k_mixture),
-        settled=settled,
+        widening=wider,
     )
 
 
-def _settled(k: float, k_mixture: float, draws: int, bounds: Callable) -> bool:
-    """Whether more draws would leave the answer as it is: k̂ of q's ``draws`` and of the
-    errors' weights below 0.7, and the errors' bounds clear of the tolerances. The
-    standard errors assume a finite variance of the weights, i.e. k < 1/2; above it the
-    error of an importance-sampling estimate falls as ``S^-(1-k)``, not ``S^-1/2`` (tail
-    index 1/k; Vehtari et al. 2024), so they are widened by ``S^(k - 1/2)`` (2.3 at
-    k̂ = 0.6 from 4096 draws). Below k̂ = 1/2: the bounds as they are."""
+def widening(k: float, k_mixture: float, draws: int) -> float:
+    """What the errors' standard errors are multiplied by in their bounds. They assume a
+    finite variance of the weights, i.e. k < 1/2; above it the error of an
+    importance-sampling estimate falls as ``S^-(1-k)``, not ``S^-1/2`` (tail index 1/k;
+    Vehtari et al. 2024), so for the heavier of k̂ (q's ``draws``) and the errors' own
+    weights' k̂ they are widened by ``S^(k - 1/2)``: 2.3 at k̂ = 0.6 from 4096 draws, 1
+    below k̂ = 1/2. (At k̂ >= 0.7 the check is unreliable whatever the bounds.)"""
     heaviest = float(np.nanmax([k, k_mixture]))  # no defensive component: k_mixture NaN
-    if not heaviest < KHAT_LIMIT:
-        return False
-    upper, lower = bounds(BOUND_Z * max(1.0, draws ** (heaviest - 0.5)))
-    return upper < 1.0 or lower > 1.0
+    if not heaviest > 0.5:
+        return 1.0
+    return float(draws ** (min(heaviest, KHAT_LIMIT) - 0.5))
 
 
 def _khat(k: float) -> float:
