@@ -53,6 +53,7 @@ __all__ = [
     "fit_warning",
     "importance_check",
     "importance_verdict",
+    "widening",
 ]
 
 TRUSTWORTHY, FAMILY_LIMITED, NOT_CONVERGED = "trustworthy", "family-limited", "not converged"
