@@ -479,7 +479,7 @@ def importance_verdict(check: ImportanceCheck, alternative: str, seconds: float)
             FAMILY_LIMITED,
             f"q misses part of the posterior ({which}): the posterior is not close to q's "
             "family here, so its tails, sds and even means may be off, and importance "
-            "sampling cannot correct them",
+            "sampling cannot reliably correct them",
             alternative,
             numbers,
             **cost,
