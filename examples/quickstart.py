@@ -55,7 +55,8 @@ def main() -> None:
         approx = pm.fit(args.steps, method="gpf", random_seed=1, progressbar=not quick)
     idata = approx.sample(10_000, random_seed=2)
     outcome = approx.outcome  # converged?, why it stopped, after how many steps
-    print(f"{len(approx.particles)} particles, {outcome.step} steps: {outcome.message}\n")
+    print(f"{len(approx.particles)} particles, {outcome.step} steps: {outcome.message}")
+    print(f"verdict: {outcome.verdict_message}\n")  # whether to trust it, and why
 
     print(az.summary(idata, var_names=["w"], kind="stats").head(8))
     print(f"\nfinal free energy: {approx.free_energy:.3f}  (-ELBO, nats; lower is better)")

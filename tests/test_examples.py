@@ -82,6 +82,7 @@ def test_quickstart(tmp_path):
     10 000 steps get closer; measured quick: 0.29 sd and 3 %)."""
     out, _ = run_example("quickstart.py", tmp_path)
     assert "final free energy:" in out and "w[x0]" in out  # the ArviZ summary table
+    assert re.search(r"^verdict: (trustworthy|family-limited|not converged)", out, re.M)
     assert number(r"max \|mean error\| = ([\d.]+) posterior sd", out) < 0.5
     assert number(r"max \|sd error\| = ([\d.]+) %", out) < 15
 
