@@ -73,5 +73,5 @@ def test_resampled_draws_are_the_posterior_s():
 
 def test_a_large_model_gets_fewer_draws():
     assert importance.capped(16384, 100) == 16384
-    assert importance.capped(16384, 10_000) == importance.FIRST_DRAWS
+    assert importance.capped(16384, 10_000) == importance.MIN_POOL
     assert importance.capped(1000, 10_000) == 1000  # never more than asked
