@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import pymc as pm
@@ -19,7 +19,19 @@ from pymc_gpf.options import FitOptions
 from pymc_gpf.stepgraph import StepGraph
 from pymc_gpf.target import BatchedTarget
 
-__all__ = ["FittedApproximation", "Method"]
+__all__ = ["Density", "FittedApproximation", "Method"]
+
+
+class Density(Protocol):
+    """What importance sampling draws from (q, a Gaussian or WVGD's mixture): its
+    dimension, draws and log-density on the flat coordinates."""
+
+    @property
+    def ndim(self) -> int: ...
+
+    def sample(self, draws: int, rng: np.random.Generator) -> np.ndarray: ...
+
+    def logpdf(self, points: np.ndarray) -> np.ndarray: ...
 
 
 class FittedApproximation(Protocol):
@@ -43,7 +55,7 @@ class FittedApproximation(Protocol):
 
     def proposal(
         self, ridge: bool | float | None, rng: np.random.Generator
-    ) -> tuple[Any, str | None]: ...  # (q to draw from or None, why q has no density)
+    ) -> tuple[Density | None, str | None]: ...  # (q to draw from or None, why not)
 
     def log_density(self, points: np.ndarray) -> np.ndarray: ...
 
