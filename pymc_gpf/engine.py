@@ -101,6 +101,9 @@ class FlowInference(Inference):
     """
 
     name: ClassVar[str] = ""
+    # the pure step functions ``_build_step`` applies, each
+    # ``step(state, noise, target, rates, static) -> (State, Info)`` (pymc_gpf.stepgraph)
+    steps: ClassVar[tuple[Callable, ...]] = ()
     default_learning_rate: ClassVar[float] = 1e-3
     default_optimizer: ClassVar[str] = "sgd"
     spread_option: ClassVar[str] = "init_scale"  # the option setting the initial spread

@@ -83,6 +83,6 @@ class Method(Protocol):
 
     def _build_step(self, options: FitOptions) -> StepGraph:
         """One iteration for the fit keywords ``options`` (:class:`pymc_gpf.options.FitOptions`):
-        the method's pure ``step(state, noise, target, ...) -> (State, Info)`` applied to
-        its state in shared variables, as ``StepGraph(state, new, info)``
-        (:mod:`pymc_gpf.stepgraph`)."""
+        the method's pure ``step(state, noise, target, rates, static) -> (State, Info)`` (one
+        of its ``steps``) applied to its state in shared variables, as
+        ``StepGraph(state, new, info)`` (:mod:`pymc_gpf.stepgraph`)."""

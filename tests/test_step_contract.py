@@ -5,13 +5,15 @@
 keys), the next state (the same ``NamedTuple`` type, each leaf of the same dtype, rank and a
 compatible static shape) and the step's :class:`~pymc_gpf.stepgraph.Info`; a few compiled
 steps keep every array's shape (GPF changes its number of particles only between stages of
-an automatic fit) and finite values finite; and the step functions themselves are pure.
+an automatic fit) and finite values finite; and the step functions themselves are pure, each
+``step(state, noise, target, rates, static) -> (State, Info)`` (issue 28: one signature).
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import typing
 
 import numpy as np
 import pytest
@@ -111,3 +113,30 @@ def test_the_step_functions_are_pure(method):
     source = inspect.getsource(importlib.import_module(f"{package}.step"))
     for impure in (".get_value(", ".set_value(", "shared(", "share(", "share_transform("):
         assert impure not in source, f"{package}.step: {impure}"
+
+
+SIGNATURE = ("state", "noise", "target", "rates", "static")
+
+
+@pytest.mark.parametrize("method", names())
+def test_every_step_function_has_the_one_signature(method):
+    """Every step a method declares (``steps``) is ``step(state, noise, target, rates,
+    static) -> tuple[State, Info]``: the state, its random input (``None`` where it has
+    none), the ``BatchedTarget``, the step sizes (``FlowInference.learning_rates``) and a
+    ``NamedTuple`` of the settings fixed for the graph, all positional, none defaulted."""
+    cls = METHODS[method]
+    package = cls.__module__.rpartition(".")[0]
+    assert cls.steps, f"{cls.__name__} declares no step functions"
+    for fn in cls.steps:
+        assert fn.__module__ == f"{package}.step", fn
+        signature = inspect.signature(fn, eval_str=True)
+        params = list(signature.parameters.values())
+        assert tuple(p.name for p in params) == SIGNATURE, (fn.__qualname__, signature)
+        for p in params:
+            assert p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty, (fn, p)
+        returned = signature.return_annotation
+        assert typing.get_origin(returned) is tuple, (fn.__qualname__, returned)
+        state, info = typing.get_args(returned)
+        assert info is Info and issubclass(state, tuple) and hasattr(state, "_fields"), fn
+        static = signature.parameters["static"].annotation
+        assert issubclass(static, tuple) and hasattr(static, "_fields"), (fn, static)

@@ -251,6 +251,7 @@ class Ensemble(FlowInference):
     """
 
     name = "ensemble"
+    steps = (step.langevin_step, step.deep_step)
     start_points = "particles"
 
     def __init__(
@@ -366,13 +367,16 @@ class Ensemble(FlowInference):
         config, state = self.config, self.approx.state
         _check_options(options, self.target, config.kind)
         if config.kind == "deep":
-            return StepGraph(state, *step.deep_step(state, self.target))
+            new, info = step.deep_step(
+                state, None, self.target, self.learning_rates, step.EnsembleStatic()
+            )
+            return StepGraph(state, new, info)
         shape = config.n_particles, self.target.ndim
         noise = _noise(self.noise_rng, shape, self._preconditioned(options))
-        new, info = step.langevin_step(
-            state, noise, self.learning_rates[0], self.target, config.temperature_used,
-            config.repulsion_used, config.bandwidth,
-        )  # fmt: skip
+        static = step.EnsembleStatic(
+            config.temperature_used, config.repulsion_used, config.bandwidth
+        )
+        new, info = step.langevin_step(state, noise, self.target, self.learning_rates, static)
         return StepGraph(state, new, info)
 
     def _preconditioned(self, options: FitOptions) -> bool:

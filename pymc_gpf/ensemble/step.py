@@ -29,7 +29,14 @@ from pymc_gpf.stepgraph import Info, keep_if
 from pymc_gpf.stepsize import Backtracking
 from pymc_gpf.target import BatchedTarget
 
-__all__ = ["DeepState", "LangevinState", "deep_step", "init_state", "langevin_step"]
+__all__ = [
+    "DeepState",
+    "EnsembleStatic",
+    "LangevinState",
+    "deep_step",
+    "init_state",
+    "langevin_step",
+]
 
 BACKTRACKING = Backtracking()
 MAX_DEEP_STEP = 1e8  # a particle at a mode keeps doubling its accepted steps: bound them
@@ -80,21 +87,30 @@ def _repulsion(particles: Variable, bandwidth: float | str) -> tuple[Variable, V
     return flow.interaction_drift(particles, kernel, h), kernel, h
 
 
+class EnsembleStatic(NamedTuple):
+    """What is fixed for the graph of a Langevin step: the SDE's ``temperature``
+    (``lambda2``), the MMD weight ``repulsion`` (``lambda1``; 0: plain Langevin) and the
+    kernel's ``bandwidth`` (a number or ``"median"``). A deep ensemble's step has none."""
+
+    temperature: float = 0.0
+    repulsion: float = 0.0
+    bandwidth: float | str = "median"
+
+
 def langevin_step(
     state: LangevinState,
     noise: tuple[Variable, Variable | None],
-    step_size: Variable,
     target: BatchedTarget,
-    temperature: float,
-    repulsion: float,
-    bandwidth: float | str,
+    rates: tuple[Variable, Variable],
+    static: EnsembleStatic,
 ) -> tuple[LangevinState, Info]:
-    """Move by the drift of the state, evaluate there; a non-finite move is refused (the
-    state kept). ``noise`` is ``N(0, I)`` draws ``(N, D)`` and, to precondition, ``(N, K)``
-    more for the factor (``None``: the paper's plain scheme, ``M = I``). The info's free
-    energy is the objective (mean ``V`` plus the MMD term); its extras ``mean_v``, ``mmd``
-    and ``bandwidth``."""
-    eta = step_size * state.ready  # 0 on the first call: evaluate where the particles are
+    """Move by the drift of the state at the step size ``rates[0]``, evaluate there; a
+    non-finite move is refused (the state kept). ``noise`` is ``N(0, I)`` draws ``(N, D)``
+    and, to precondition, ``(N, K)`` more for the factor (``None``: the paper's plain scheme,
+    ``M = I``). The info's free energy is the objective (mean ``V`` plus the MMD term); its
+    extras ``mean_v``, ``mmd`` and ``bandwidth``."""
+    temperature, repulsion, bandwidth = static
+    eta = rates[0] * state.ready  # 0 on the first call: evaluate where the particles are
     drift, xi = state.drift, noise[0]
     if noise[1] is not None:
         diagonal, factor = state.preconditioner_diagonal, state.preconditioner_factor
@@ -124,10 +140,17 @@ def langevin_step(
     return new, Info(objective, moved, logp, grad_logp, new.particles, finite, extra=extra)
 
 
-def deep_step(state: DeepState, target: BatchedTarget) -> tuple[DeepState, Info]:
-    """Per-particle backtracking gradient ascent of ``log p`` (see the module docstring).
-    The info's ``decrement`` is the largest increase of ``log p`` a particle's next step
-    predicts (nats): small once every particle sits at a mode."""
+def deep_step(
+    state: DeepState,
+    noise: None,
+    target: BatchedTarget,
+    rates: tuple[Variable, Variable],
+    static: EnsembleStatic,
+) -> tuple[DeepState, Info]:
+    """Per-particle backtracking gradient ascent of ``log p`` (see the module docstring):
+    no noise, and each particle's step size is its own (the state's, not ``rates``), nor
+    any setting of ``static``. The info's ``decrement`` is the largest increase of ``log p``
+    a particle's next step predicts (nats): small once every particle sits at a mode."""
     eta = state.step_size * state.ready
     trial = state.particles + eta[:, None] * state.grad
     logp, grad_logp, _ = target.logp_and_grads(trial)

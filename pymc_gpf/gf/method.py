@@ -256,6 +256,7 @@ class GF(FlowInference):
     """
 
     name = "gf"
+    steps = (step.fixed_step, step.natural_step)
     renamed_options: ClassVar[dict[str, str]] = {"n_samples": "draws_per_step"}
     default_learning_rate = 1e-3
     spread_option = "init_scale"
@@ -368,10 +369,12 @@ class GF(FlowInference):
                 ),
             )
             natural_mean = resolve_natural_mean(self.config.natural_mean, options)
+            static = step.GFStatic(
+                self.structure, natural_mean, transforms, options.more_obj_params
+            )
             new, info = step.fixed_step(
-                state, noise, self.target, self.structure, natural_mean, transforms,
-                self.learning_rates, options.more_obj_params,
-            )  # fmt: skip
+                state, step.Noise(noise), self.target, self.learning_rates, static
+            )
             return StepGraph(state, new, info)
         resolve_natural_mean(self.config.natural_mean, options)  # refuses natural_mean=False here
         weights = None
@@ -409,7 +412,11 @@ class GF(FlowInference):
         )
         state = step.NaturalState(q, recorded)
         new, info = step.natural_step(
-            state, noise, self.target, self.structure, self.learning_rates[0], weights
+            state,
+            step.Noise(noise, weights),
+            self.target,
+            self.learning_rates,
+            step.GFStatic(self.structure),
         )
         return StepGraph(state, new, info)
 

@@ -34,7 +34,15 @@ from pymc_gpf.stepsize import cap
 from pymc_gpf.structure import Structure
 from pymc_gpf.target import BatchedTarget
 
-__all__ = ["FixedState", "GFState", "NaturalState", "fixed_step", "natural_step"]
+__all__ = [
+    "FixedState",
+    "GFState",
+    "GFStatic",
+    "NaturalState",
+    "Noise",
+    "fixed_step",
+    "natural_step",
+]
 
 MAX_SCALE_STEP = 0.5  # trust region: one step scales q's spread by at most 1 +- this
 
@@ -62,19 +70,37 @@ class NaturalState(NamedTuple):
     free_energy: Variable
 
 
+class Noise(NamedTuple):
+    """A step's random input: standard normal draws ``z``, one array ``(S, K_b)`` per block
+    of the factor, and the weights of the quadrature rule they form (``None``: equal)."""
+
+    z: Sequence[Variable]
+    weights: Variable | None = None
+
+
+class GFStatic(NamedTuple):
+    """What is fixed for the graph of a step: the structure of q, and (fixed step sizes)
+    whether the mean's step is natural, the optimisers ``(of the mean, of each factor)`` and
+    the hyperparameters ``more_obj_params`` descended with q."""
+
+    structure: Structure
+    natural_mean: bool = True
+    transforms: tuple[Transform, Sequence[Transform]] | None = None
+    more_obj_params: Sequence[Variable] = ()
+
+
 def fixed_step(
     state: FixedState,
-    noise: list[Variable],
+    noise: Noise,
     target: BatchedTarget,
-    structure: Structure,
-    natural_mean: bool,
-    transforms: tuple[Transform, Sequence[Transform]],
     rates: tuple[Variable, Variable],
-    more_obj_params: Sequence[Variable] = (),
+    static: GFStatic,
 ) -> tuple[FixedState, Info]:
-    """Eq. 11 with fixed ``(eta1, eta2)`` and the optimisers ``transforms`` (of the mean, of
-    each factor), from the draws ``mu + Gamma z`` of ``noise`` ``z``; the free energy at
-    the parameters before the step."""
+    """Eq. 11 with fixed ``rates`` ``(eta1, eta2)`` and the optimisers ``static.transforms``
+    (of the mean, of each factor), from the draws ``mu + Gamma z`` of ``noise.z`` (equal
+    weights); the free energy at the parameters before the step."""
+    structure, natural_mean, transforms, more_obj_params = static
+    noise = list(noise.z)
     mean, factors = state.q.mean, list(state.q.factor)
     deviations = flow.deviations(factors, noise, structure)
     points = mean + deviations
@@ -106,16 +132,18 @@ def fixed_step(
 
 def natural_step(
     state: NaturalState,
-    noise: list[Variable],
+    noise: Noise,
     target: BatchedTarget,
-    structure: Structure,
-    base_step: Variable,
-    weights: Variable | None = None,
+    rates: tuple[Variable, Variable],
+    static: GFStatic,
 ) -> tuple[NaturalState, Info]:
-    """Natural-gradient steps from the draws ``noise`` of a quadrature rule with ``weights``
-    (default: equal): the mean moves at most ``sqrt(K)`` of q's sds, and in no coordinate
-    further than the draws reached, the spread changes by at most :data:`MAX_SCALE_STEP`;
-    a non-finite step is refused (q and the recorded free energy kept)."""
+    """Natural-gradient steps from the draws of a quadrature rule ``noise`` (its weights
+    default to equal), at the controller's base step ``rates[0]``: the mean moves at most
+    ``sqrt(K)`` of q's sds, and in no coordinate further than the draws reached, the spread
+    changes by at most :data:`MAX_SCALE_STEP`; a non-finite step is refused (q and the
+    recorded free energy kept)."""
+    structure, base_step = static.structure, rates[0]
+    noise, weights = list(noise.z), noise.weights
     mean, factors = state.q.mean, list(state.q.factor)
     deviations = flow.deviations(factors, noise, structure)
     points = mean + deviations

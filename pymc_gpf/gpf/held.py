@@ -11,6 +11,7 @@ from pytensor.graph.basic import Variable
 from pymc_gpf.gpf.step import (
     AutoState,
     FixedState,
+    GPFStatic,
     block_ranks,
     fixed_step,
     init_natural,
@@ -30,7 +31,9 @@ class AutoStep:
 
     def __init__(self, particles, structure: Structure, rng: np.random.Generator | None):
         self.particles, self.structure, self.rng = particles, structure, rng
-        natural, search = init_natural(particles.get_value(), structure, rng)
+        value = particles.get_value()
+        self.static = self._static(value)
+        natural, search = init_natural(value, structure, rng)
         d = natural.shift.shape[0]
 
         def shape(name, value):
@@ -41,11 +44,15 @@ class AutoStep:
         self.natural = share(natural, "gpf", shape)
         self.search = None if search is None else share(search, "gpf", shape)
 
-    def graph(self, base_step: Variable, target: BatchedTarget) -> StepGraph:
+    def _static(self, particles: np.ndarray) -> GPFStatic:
+        """The settings of the step's graph: the directions the cloud spans, read here (when
+        the particles are set) rather than while the graph is built."""
+        return GPFStatic(self.structure, ranks=tuple(block_ranks(particles, self.structure)))
+
+    def graph(self, rates: tuple[Variable, Variable], target: BatchedTarget) -> StepGraph:
         """The step from the current states (see :func:`natural_step`)."""
-        ranks = block_ranks(self.particles.get_value(), self.structure)
         state = AutoState(self.particles, self.natural, self.search)
-        new, info = natural_step(state, base_step, target, self.structure, ranks)
+        new, info = natural_step(state, None, target, rates, self.static)
         return StepGraph(state, new, info)
 
     def finish(self, restore_best: bool) -> float:
@@ -65,7 +72,9 @@ class AutoStep:
 
     def reset(self) -> None:
         """Nothing evaluated at the current particles (after they were set from outside)."""
-        natural, search = init_natural(self.particles.get_value(), self.structure, self.rng)
+        value = self.particles.get_value()
+        self.static = self._static(value)
+        natural, search = init_natural(value, self.structure, self.rng)
         assign(self.natural, natural)
         if search is not None:
             assign(self.search, search)
@@ -92,10 +101,15 @@ def build(
             share_transform(transforms[0], shape[1:], "gpf_shift"),
             share_transform(transforms[1], shape, "gpf_linear"),
         )
-        new, info = fixed_step(
-            state, shape, target, structure, natural, transforms, rates, options.more_obj_params
+        static = GPFStatic(
+            structure,
+            shape=shape,
+            natural_mean=natural,
+            transforms=transforms,
+            more_obj_params=options.more_obj_params,
         )
+        new, info = fixed_step(state, None, target, rates, static)
         return StepGraph(state, new, info), None
     resolve_natural_mean(natural_mean, options)  # refuses natural_mean=False here
     auto = AutoStep(particles, structure, rng)
-    return auto.graph(rates[0], target), auto
+    return auto.graph(rates, target), auto

@@ -24,7 +24,7 @@ from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gf import GF, arrow_points, model_locals
 from pymc_gpf.gf.parameters import automatic_structure, low_rank_rank
-from pymc_gpf.gpf import flow, held
+from pymc_gpf.gpf import flow, held, step
 from pymc_gpf.gpf.config import GPFConfig
 from pymc_gpf.gpf.fresh import fresh_draws_fit
 from pymc_gpf.gpf.particles import (
@@ -195,6 +195,7 @@ class GPF(FlowInference):
     """
 
     name = "gpf"
+    steps = (step.fixed_step, step.natural_step)
     default_learning_rate = 1e-3
     renamed_options: ClassVar[dict[str, str]] = {"jitter": "init_scale"}
 

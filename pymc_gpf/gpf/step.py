@@ -40,6 +40,7 @@ from pymc_gpf.target import BatchedTarget
 __all__ = [
     "AutoState",
     "FixedState",
+    "GPFStatic",
     "NaturalState",
     "SearchState",
     "fixed_step",
@@ -157,18 +158,34 @@ class FixedState(NamedTuple):
     linear_moments: tuple
 
 
+class GPFStatic(NamedTuple):
+    """What is fixed for the graph of a step: the structure, and the directions the cloud
+    spans in each block (:func:`block_ranks`; the automatic step), or (fixed step sizes) the
+    particles' ``shape`` ``(N, D)``, whether the mean's step is natural, the optimisers (of
+    the mean shift, of the linear term) and the hyperparameters ``more_obj_params``."""
+
+    structure: Structure
+    ranks: Sequence[int] = ()
+    shape: tuple[int, int] | None = None
+    natural_mean: bool = True
+    transforms: tuple[Transform, Transform] | None = None
+    more_obj_params: Sequence[Variable] = ()
+
+
 def natural_step(
-    auto: AutoState,
-    base_step: Variable,
+    state: AutoState,
+    noise: None,
     target: BatchedTarget,
-    structure: Structure,
-    ranks: list[int],
+    rates: tuple[Variable, Variable],
+    static: GPFStatic,
 ) -> tuple[AutoState, Info]:
     """Move the particles along the flow of the previous step, then evaluate the flow at
-    the trial. With a line search the step size comes from backtracking (Armijo on the
-    free energy); without, ``base_step`` (the controller's) capped to a trust region in
-    units of q's spread. A refused trial keeps the whole state."""
-    particles, state, search = auto
+    the trial (no noise: the particles are a fixed cubature rule). With a line search the
+    step size comes from backtracking (Armijo on the free energy); without, ``rates[0]``
+    (the controller's) capped to a trust region in units of q's spread. A refused trial
+    keeps the whole state."""
+    particles, state, search = state  # the flow at the particles: a NaturalState
+    base_step, structure, ranks = rates[0], static.structure, list(static.ranks)
     d = target.ndim
     if search is not None:
         step = search.step_size
@@ -226,17 +243,16 @@ def natural_step(
 
 def fixed_step(
     state: FixedState,
-    shape: tuple[int, int],
+    noise: None,
     target: BatchedTarget,
-    structure: Structure,
-    natural_mean: bool,
-    transforms: tuple[Transform, Transform],
     rates: tuple[Variable, Variable],
-    more_obj_params: Sequence[Variable] = (),
+    static: GPFStatic,
 ) -> tuple[FixedState, Info]:
-    """Algorithm 2: eq. 13 with fixed step sizes ``(eta1, eta2)`` and the optimisers
-    ``transforms`` (of the mean shift, of the linear term) for ``shape`` ``(N, D)``
-    particles; the free energy (App. D) at the particles before the step."""
+    """Algorithm 2: eq. 13 with fixed step sizes ``rates`` ``(eta1, eta2)`` and the
+    optimisers ``static.transforms`` (of the mean shift, of the linear term) for
+    ``static.shape`` ``(N, D)`` particles (no noise); the free energy (App. D) at the
+    particles before the step."""
+    structure, _, shape, natural_mean, transforms, more_obj_params = static
     particles = pt.specify_shape(state.particles, shape)
     logp, grad_logp, hyper = target.logp_and_grads(particles, more_obj_params)
     grads = -grad_logp

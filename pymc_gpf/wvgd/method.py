@@ -248,6 +248,7 @@ class WVGD(FlowInference):
     """
 
     name = "wvgd"
+    steps = (step.fixed_step, step.natural_step)
     renamed_options: ClassVar[dict[str, str]] = {"n_samples": "draws_per_particle"}
     default_learning_rate = 1e-2
     default_optimizer = "adam"
@@ -379,7 +380,8 @@ class WVGD(FlowInference):
                 np.asarray(np.inf, dtype=self.target.dtype), "wvgd_free_energy"
             )
             state = step.NaturalState(q, recorded)
-            new, info = step.natural_step(state, noise, self.target, decay, self.learning_rates[0])
+            static = step.WVGDStatic(decay)
+            new, info = step.natural_step(state, noise, self.target, self.learning_rates, static)
             return StepGraph(state, new, info)
         fields = (q.particles, q.local_means, q.local_log_scales)
         transforms = [options.chain(particle_axes=(0,)) for _ in fields]
@@ -388,10 +390,8 @@ class WVGD(FlowInference):
             for t, var in zip(transforms, fields, strict=True)
         )
         state = step.FixedState(q, moments)
-        new, info = step.fixed_step(
-            state, noise, self.target, decay, transforms, self.learning_rates,
-            options.more_obj_params,
-        )  # fmt: skip
+        static = step.WVGDStatic(decay, transforms, options.more_obj_params)
+        new, info = step.fixed_step(state, noise, self.target, self.learning_rates, static)
         return StepGraph(state, new, info)
 
     def _finish(self, reason: str) -> None:

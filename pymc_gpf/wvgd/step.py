@@ -25,6 +25,7 @@ __all__ = [
     "FixedState",
     "NaturalState",
     "WVGDState",
+    "WVGDStatic",
     "Whitened",
     "evaluate",
     "fixed_step",
@@ -206,20 +207,29 @@ def _info(cells: Cells, new: WVGDState, noise: Variable, free_energy: Variable, 
     )
 
 
+class WVGDStatic(NamedTuple):
+    """What is fixed for the graph of a step: the running estimates' ``decay`` per step,
+    and (fixed step sizes) the optimisers of the particles, local means and local
+    log-scales and the hyperparameters ``more_obj_params``."""
+
+    decay: float
+    transforms: Sequence[Transform] = ()
+    more_obj_params: Sequence[Variable] = ()
+
+
 def fixed_step(
     state: FixedState,
     noise: Variable,
     target: BatchedTarget,
-    decay: float,
-    transforms: Sequence[Transform],
     rates: tuple[Variable, Variable],
-    more_obj_params: Sequence[Variable] = (),
+    static: WVGDStatic,
 ) -> tuple[FixedState, Info]:
-    """Eq. 20-21 with the optimisers ``transforms`` (of the particles, local means and local
-    log-scales; dimension-wise Adam by default) and the fixed step sizes ``rates = (eta1,
-    eta2)`` of the particles and the local Gaussians, from the local draws of ``noise``
-    ``(J, M, D)``; a cell without accepted draws keeps its particle and local Gaussian this
-    step. The free energy is the mixture's at the state before the step."""
+    """Eq. 20-21 with the optimisers ``static.transforms`` (of the particles, local means
+    and local log-scales; dimension-wise Adam by default) and the fixed step sizes ``rates =
+    (eta1, eta2)`` of the particles and the local Gaussians, from the local draws of
+    ``noise`` ``(J, M, D)``; a cell without accepted draws keeps its particle and local
+    Gaussian this step. The free energy is the mixture's at the state before the step."""
+    decay, transforms, more_obj_params = static
     estimated, cells = evaluate(state.q, noise, noise.type.shape[1], target, decay)
     eta1, eta2 = rates
     moved, moments = [], []
@@ -238,17 +248,23 @@ def fixed_step(
 
 
 def natural_step(
-    natural: NaturalState, noise: Variable, target: BatchedTarget, decay: float, step: Variable
+    state: NaturalState,
+    noise: Variable,
+    target: BatchedTarget,
+    rates: tuple[Variable, Variable],
+    static: WVGDStatic,
 ) -> tuple[NaturalState, Info]:
-    """Natural-gradient moves (the automatic step size): each particle moves a fraction
-    ``eta`` of the way to its cell's centroid (a damped Lloyd step, eq. 20), each local
+    """Natural-gradient moves (the automatic step size) from the local draws of ``noise``
+    ``(J, M, D)``: each particle moves a fraction ``eta`` of the way to its cell's centroid
+    (a damped Lloyd step, eq. 20), each local
     Gaussian ``N(m, s^2)`` by its Fisher-preconditioned gradient ``(s^2 d_m, d_log_s / 2)``
     scaled by the cell's acceptance rate (few accepted draws: a poor estimate) and capped
     per coordinate at 0.2 local sds for the mean and a factor ``e^0.1`` for the scale; a
     local Gaussian that accepts under 2 % of its draws is re-centred on its particle.
-    The base ``step`` comes from :class:`pymc_gpf.control.Stochastic`. A non-finite step is
-    refused (the whole state and the recorded free energy kept; the schedule then shrinks
-    the step)."""
+    The base step ``rates[0]`` comes from :class:`pymc_gpf.control.Stochastic`. A non-finite
+    step is refused (the whole state and the recorded free energy kept; the schedule then
+    shrinks the step)."""
+    natural, decay, step = state, static.decay, rates[0]
     state = natural.q
     estimated, cells = evaluate(state, noise, noise.type.shape[1], target, decay)
     particles, means, log_scales = state.particles, state.local_means, state.local_log_scales

@@ -27,9 +27,11 @@ def test_the_natural_step_is_newton_on_a_gaussian_target():
     structure = Structure("full", d, (np.arange(d),))
     natural, _ = step.init_natural(particles, structure, None)
     state = step.NaturalState(*(pytensor.shared(v) for v in natural))
+    rate = pytensor.shared(1.0)[()]
     new, info = step.natural_step(
-        step.AutoState(shared, state, None), pytensor.shared(1.0)[()], target, structure, [d]
-    )
+        step.AutoState(shared, state, None), None, target, (rate, rate),
+        step.GPFStatic(structure, ranks=(d,)),
+    )  # fmt: skip
     assert new.search is None
     # a state with nothing evaluated yet moves nowhere: the step evaluates the flow there
     values = compile_function([], [new.particles, *new.natural, info.accepted], QUICK_C)()
