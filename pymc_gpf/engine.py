@@ -31,7 +31,7 @@ from pymc_gpf.errors import FitWarning
 from pymc_gpf.failure import FailedStep, explain_failure
 from pymc_gpf.hyper import HyperSearch, compile_hyper_moments, flat_values, set_flat_values
 from pymc_gpf.jaxlink import row_sharding
-from pymc_gpf.loop import LoopResult, fit_outcome, progress_text, run_steps
+from pymc_gpf.loop import fit_outcome, progress_text, run_steps
 from pymc_gpf.options import (
     DEFAULT_MAX_STEPS,
     FIT_DOC,
@@ -622,9 +622,9 @@ class FlowInference(Inference):
 
         return call
 
-    def _record_run(self, result: LoopResult, n: int) -> None:
+    def _record_run(self, result: FitRecord, n: int) -> None:
         """The run is over, whatever ended it: its steps and how it ended go on record."""
-        self.record.extend(result.free_energies, result.step_sizes, result.rolled_back)
+        self.record.merge(result)
         self.state = self.state._replace(i=len(self.hist))
         if result.failure is None:
             result.reason = self.control.conclude(result.reason)

@@ -541,8 +541,7 @@ class GPF(FlowInference):
     def _record_run(self, result, n: int) -> None:
         gf, self._fresh = self._fresh, None
         if gf is not None:  # its steps follow the particles' in the trace
-            result.free_energies = np.concatenate([result.free_energies, gf.hist])
-            result.step_sizes = np.concatenate([result.step_sizes, gf.step_sizes])
+            result.extend(gf.hist, gf.step_sizes, False)
         super()._record_run(result, n)
 
     def _hyper_points(self, rng: np.random.Generator, draws: int) -> tuple[np.ndarray, bool]:
