@@ -84,7 +84,7 @@ def rebuild(cls: type[FlowInference], model: pm.Model, options: dict[str, Any]) 
             options[new] = options.pop(old)
     init = options.pop("init", INITS[0])
     inference = cls(model=model, init=INITS[0], **options)
-    inference.resolved = replace(inference.resolved, init=init)
+    inference.adjusted["init"] = init
     return inference
 
 
@@ -149,6 +149,9 @@ class FlowInference(Inference):
         # the options as this fit resolved them (a particle count for initial_particles,
         # GF's rank): set by the method's _initialise; ``config`` stays as given
         self.resolved = self.config
+        # options changed after construction, over ``resolved`` (which stays as built): the
+        # start narrowed mid-fit, a loaded fit's init (:attr:`options_in_effect`)
+        self.adjusted: dict[str, Any] = {}
         self._approx = self._initialise()
 
     approx = property(lambda self: self._approx)
@@ -208,10 +211,16 @@ class FlowInference(Inference):
 
     from_options = classmethod(rebuild)
 
+    @property
+    def options_in_effect(self) -> MethodConfig:
+        """The options as this fit resolved them (:attr:`resolved`) with what changed after
+        construction (:attr:`adjusted`)."""
+        return replace(self.resolved, **self.adjusted) if self.adjusted else self.resolved
+
     def constructor_options(self) -> dict[str, Any]:
         """The constructor keywords that rebuild this inference (JSON-able; for saving), as
-        this fit resolved them (:attr:`resolved`)."""
-        return self.resolved.options()
+        this fit resolved them (:attr:`options_in_effect`)."""
+        return self.options_in_effect.options()
 
     def settings(self) -> dict[str, Any]:
         """The options of this fit, as stored in the method's DataTree group."""
@@ -557,8 +566,8 @@ class FlowInference(Inference):
             if not self._narrow_start(NARROWING):
                 break
             option = self.spread_option
-            narrower = getattr(self.resolved, option) * NARROWING
-            self.resolved = replace(self.resolved, **{option: narrower})
+            narrower = getattr(self.options_in_effect, option) * NARROWING
+            self.adjusted[option] = narrower
             # a centre where log p is finite (check_start) with initial points around it
             # where it is not (e.g. a censored likelihood underflowing far from the data):
             # the automatic default starts closer to the centre rather than fail

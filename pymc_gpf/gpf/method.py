@@ -275,7 +275,7 @@ class GPF(FlowInference):
             "structure": self.structure.describe(),
             "natural_mean": resolve_natural_mean(self.config.natural_mean, self.fit_options),
             "cloud": cloud,
-            "init": "initial_particles" if explicit else self.resolved.init,
+            "init": "initial_particles" if explicit else self.options_in_effect.init,
         } | self._stages.settings()
 
     # backtracking needs a deterministic free energy: full data
