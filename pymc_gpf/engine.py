@@ -60,8 +60,7 @@ __all__ = ["FlowInference", "configure"]
 END_STREAM = 4  # a method's draws at the end of a fit (WVGD's cell weights on minibatches)
 CHECK_STREAM = 5  # the verdict's draws, per step count
 HYPER_STREAM = 6  # the hyperparameters' draws of q, per step
-FRESH_STREAM = 7  # GPF's continuation with fresh draws (pymc_gpf.gpf.fresh)
-VIEW_STREAM = 9  # GPF's particles showing that continuation's q to callbacks
+# 7 and 9: GPF's own (pymc_gpf.gpf.method.FRESH_STREAM, VIEW_STREAM)
 WHITEN_STREAM = 8  # WVGD's Gaussian fit whose coordinates it runs in
 # a first step whose points reach where log p is not finite, around a finite centre, is
 # retried from a start this many times narrower, at most MAX_NARROWINGS times
@@ -190,6 +189,22 @@ class FlowInference(Inference):
 
     def load_continuation(self, inner: FlowInference) -> None:
         """Restore :attr:`continuation` (a loaded inner fit)."""
+
+    def run_elsewhere(self, n: int, progressbar: bool) -> str | None:
+        """Run this call's ``n`` steps some other way than the engine's loop (GPF: GF's flow
+        fitting a structure particles cannot hold, or continuing a fit it took over), put
+        them on record (:meth:`merge_run`, :meth:`conclude_run`) and return how they ended;
+        ``None`` (the default): the engine's loop runs them. The verdict follows either way."""
+        return None
+
+    def run_ended(self, run: FitRecord) -> None:
+        """A run of the loop is over (``run``: its fragment of the record, before it is
+        merged): a method may append steps taken inside it (GPF: GF's continuation)."""
+
+    def hyperparameters_moved(self) -> bool:
+        """θ moved: ``True`` if the method restarted q's convergence itself (GPF's line
+        search); ``False`` (the default): a fresh schedule of the engine's."""
+        return False
 
     def _finish(self, reason: str) -> None:
         """The fit is over for now (any reason but a divergence): last touches."""
@@ -321,9 +336,12 @@ class FlowInference(Inference):
         restores a saved state)."""
         rates = options.learning_rate if not options.auto else (1.0, 1.0)
         self._learning_rates.set_value(np.asarray(rates, dtype=self.target.dtype))
-        self.step, self.state_vars = compile_step(
-            self._build_step(options), options, self._learning_rates
-        )
+        graph = self._build_step(options)
+        if graph is None:  # no step of its own: the method runs its fits elsewhere
+            self.fit_options, self.step, self.state_vars = options, None, {}
+            self.control, self.hyper, self._hyper_fn = self._control(options), None, None
+            return
+        self.step, self.state_vars = compile_step(graph, options, self._learning_rates)
         self.fit_options = options
         self.control = self._control(options)
         self._write_rate()
@@ -414,7 +432,8 @@ class FlowInference(Inference):
         before = flat_values(params)
         set_flat_values(params, before + move)
         self.hyper.step_taken = flat_values(params) - before  # as applied (e.g. float32)
-        self._hyperparameters_moved()
+        if not self.hyperparameters_moved():
+            self._fresh_schedule()
         return None
 
     def _hyper_moments(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -454,7 +473,7 @@ class FlowInference(Inference):
         fresh draws of q."""
         return self.approx.draw(draws, rng), False
 
-    def _hyperparameters_moved(self) -> None:
+    def _fresh_schedule(self) -> None:
         """θ moved: q converges again, from where it is, with a fresh schedule (and the
         minibatch control variates' anchor is evaluated again at the new θ)."""
         self.control = self._control(self.fit_options)
@@ -497,7 +516,13 @@ class FlowInference(Inference):
     def _run(self, n: int, progressbar: bool, progressbar_theme) -> None:
         """At most ``n`` steps of the compiled step under the controller: extends the
         record, raises on a failed step, judges the fit and warns when it is not
-        trustworthy. One BLAS pool keeps its threads meanwhile (:mod:`pymc_gpf.threads`)."""
+        trustworthy. One BLAS pool keeps its threads meanwhile (:mod:`pymc_gpf.threads`). A
+        method may run them elsewhere (:meth:`run_elsewhere`)."""
+        self.step_limit = self.state.i + n  # the step count this call may reach
+        reason = self.run_elsewhere(n, progressbar)
+        if reason is not None:
+            self._give_verdict(reason)
+            return
         with self.blas_threads():
             self._steps_and_verdict(n, progressbar, progressbar_theme)
 
@@ -633,17 +658,35 @@ class FlowInference(Inference):
 
     def _record_run(self, result: FitRecord, n: int) -> None:
         """The run is over, whatever ended it: its steps and how it ended go on record."""
-        self.record.merge(result)
-        self.state = self.state._replace(i=len(self.hist))
+        self.run_ended(result)
+        self.merge_run(result)
         if result.failure is None:
             result.reason = self.control.conclude(result.reason)
-        message = self.end_message(result.reason)
-        self.record.conclude(
-            fit_outcome(result.reason, n, len(self.hist), self.fit_options, message)
-        )
+        self.conclude_run(result.reason, n)
         self._apply(self.control.finish(result.reason, self.observation()))
         if result.failure is None:
             self._finish(result.reason)
+
+    def merge_run(self, run: FitRecord) -> None:
+        """Add a run (the loop's, or one :meth:`run_elsewhere` did) to the record; the step
+        count follows."""
+        self.record.merge(run)
+        self.state = self.state._replace(i=len(self.hist))
+
+    def conclude_run(self, reason: str, n: int) -> None:
+        """A call of ``n`` steps ended for ``reason``: its outcome goes on record."""
+        message = self.end_message(reason)
+        self.record.conclude(fit_outcome(reason, n, len(self.hist), self.fit_options, message))
+
+    def replace_callbacks(self, callbacks: list[Callable]) -> None:
+        """The callbacks the next ``refine`` calls (a fit continuing inside another: GPF's
+        GF shows the outer fit's callbacks its steps)."""
+        self.state = self.state._replace(callbacks=callbacks)
+
+    def callbacks_seen(self, step: int) -> None:
+        """The fit's callbacks have seen its steps up to ``step`` (a continuation showed
+        them its own)."""
+        self.callbacks_saw = step
 
     def _give_verdict(self, reason: str) -> None:
         verdict = self.judge()

@@ -19,7 +19,7 @@ from pymc_gpf.approximation import GaussianApproximation, ParticlesMixin
 from pymc_gpf.checks import check_particles, renamed
 from pymc_gpf.clouds import antithetic_cloud
 from pymc_gpf.control import Control, Deterministic
-from pymc_gpf.engine import FRESH_STREAM, VIEW_STREAM, FlowInference
+from pymc_gpf.engine import FlowInference
 from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gf import GF, arrow_points, model_locals
@@ -39,13 +39,17 @@ from pymc_gpf.gpf.particles import (
     restart_cloud,
     start_cloud,
 )
-from pymc_gpf.loop import fit_outcome
 from pymc_gpf.options import AUTO, FitOptions, resolve_natural_mean
+from pymc_gpf.record import FitRecord
 from pymc_gpf.start import initial_centre
 from pymc_gpf.stepgraph import StepGraph
 from pymc_gpf.structure import Structure, parse_structure
 
 __all__ = ["GPF", "GPFApproximation"]
+
+# GPF's streams under the fit's seed (the engine's: pymc_gpf.engine, END_STREAM ...)
+FRESH_STREAM = 7  # GF's continuation with fresh draws (pymc_gpf.gpf.fresh), an arrow's fit
+VIEW_STREAM = 9  # the particles showing that continuation's q to callbacks
 
 
 class GPFApproximation(ParticlesMixin, GaussianApproximation):
@@ -281,7 +285,17 @@ class GPF(FlowInference):
     # backtracking needs a deterministic free energy: full data
     _line_search = property(lambda self: not self.target.minibatch)
 
-    def _build_step(self, options: FitOptions) -> StepGraph:
+    def _build_step(self, options: FitOptions) -> StepGraph | None:
+        if fitted_by_gf(self.structure):
+            # GF's flow fits the structure (run_elsewhere): no particle step to compile
+            if not options.auto or options.more_obj_params:
+                kind = self.structure.kind
+                raise ValueError(
+                    f"structure={kind!r} takes the automatic step size and no more_obj_params "
+                    f"(GF's flow fits it); pass structure='full' to GPF for those, or fit the "
+                    f"{kind} structure with method='gf'."
+                )
+            return None
         rng = self._method_rng if self._line_search else None
         graph, self._auto = held.build(
             self.approx.shared_particles, self.target, self.structure, self.config.natural_mean,
@@ -307,21 +321,6 @@ class GPF(FlowInference):
         """GF's fit of the hierarchical or low-rank structure (its approximation), once it
         has run."""
         return self._gf.approx if fitted_by_gf(self.structure) and self._gf is not None else None
-
-    def prepare(self, options: FitOptions) -> None:
-        if not fitted_by_gf(self.structure):
-            super().prepare(options)
-            return
-        # GF's flow fits the structure (_run): no particle step to compile
-        if not options.auto or options.more_obj_params:
-            kind = self.structure.kind
-            raise ValueError(
-                f"structure={kind!r} takes the automatic step size and no more_obj_params "
-                f"(GF's flow fits it); pass structure='full' to GPF for those, or fit the "
-                f"{kind} structure with method='gf'."
-            )
-        self.fit_options, self.step, self.state_vars = options, None, {}
-        self.control, self.hyper, self._hyper_fn = self._control(options), None, None
 
     def _control(self, options: FitOptions) -> Control:
         if options.auto and self._line_search:
@@ -394,7 +393,7 @@ class GPF(FlowInference):
         them would not do (the cap, or a quadrature too coarse even there): GF's flow
         continues from their Gaussian (:mod:`.fresh`) with the steps left, and its outcome
         is the fit's (if :attr:`_may_continue`)."""
-        steps = self._step_limit - step_count
+        steps = self.step_limit - step_count
         ending = "biased" if reason == "fresh_cloud" else reason
         if not self._may_continue or steps < 1:
             return ending
@@ -448,7 +447,7 @@ class GPF(FlowInference):
         callbacks = [through(callback) for callback in self.state.callbacks]
 
         def saw(approx, hist, i) -> None:
-            self.callbacks_saw = step + i - gf_step
+            self.callbacks_seen(step + i - gf_step)
 
         return [*callbacks, saw]
 
@@ -481,34 +480,32 @@ class GPF(FlowInference):
         the user chose the quadrature, nor while learning hyperparameters)."""
         return self.resolved.auto_particles and not self.fit_options.more_obj_params
 
-    def _run(self, n: int, progressbar: bool, progressbar_theme) -> None:
-        self._step_limit = self.state.i + n  # what a continuation with fresh draws may take
+    def run_elsewhere(self, n: int, progressbar: bool) -> str | None:
+        """GF's flow runs the hierarchical or low-rank structure's first fit, and any
+        refine of a fit it continued; the particles' own steps are the engine's."""
         if fitted_by_gf(self.structure) and self._gf is None:
-            self._arrow_fit(n, progressbar)
-            return
+            return self._arrow_fit(n, progressbar)
         if self._gf is None or not n:
-            super()._run(n, progressbar, progressbar_theme)
-            return
+            return None
         # the fit went on with GF's flow: refine continues that (its schedule, its average)
         gf = self._gf
         done, grads, densities = len(gf.hist), gf.gradient_evaluations, gf.density_evaluations
-        self.callbacks_saw = self.state.i
-        callbacks = self._callbacks_on_gf(np.empty(0), self.state.i, done)
-        gf.state = gf.state._replace(callbacks=callbacks)
+        self.callbacks_seen(self.state.i)
+        gf.replace_callbacks(self._callbacks_on_gf(np.empty(0), self.state.i, done))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FitWarning)  # the verdict below says it once
             gf.refine(n, progressbar=progressbar)
-        self.record.count(gf.gradient_evaluations - grads, gf.density_evaluations - densities)
-        self.record.extend(gf.hist[done:], gf.step_sizes[done:], False)
-        self.state = self.state._replace(i=len(self.hist))
+        self.merge_run(FitRecord(
+            gf.hist[done:], gf.step_sizes[done:],
+            gradient_evaluations=gf.gradient_evaluations - grads,
+            density_evaluations=gf.density_evaluations - densities,
+        ))  # fmt: skip
         self._adopt(gf)
         self._stages.stages[-1]["message"] = gf.outcome.message
-        reason = gf.outcome.reason
-        message = self.end_message(reason)
-        self.record.conclude(fit_outcome(reason, n, len(self.hist), self.fit_options, message))
-        self._give_verdict(reason)
+        self.conclude_run(gf.outcome.reason, n)
+        return gf.outcome.reason
 
-    def _arrow_fit(self, n: int, progressbar: bool) -> None:
+    def _arrow_fit(self, n: int, progressbar: bool) -> str:
         """The hierarchical or low-rank structure's first fit: GF's flow from this fit's
         start, seed and fit keywords (its verdict is this fit's), on record as a stage."""
         options = self.fit_options
@@ -517,7 +514,7 @@ class GPF(FlowInference):
                 init_scale=self.config.init_scale, model=self.model, random_seed=seed,
                 start=self._start)  # fmt: skip
         self._gf = gf
-        self.callbacks_saw = 0
+        self.callbacks_seen(0)
         keywords = {"tol": options.tol, "backend": options.backend, "check_draws": 0,
                     "compile_kwargs": options.compile_kwargs,
                     "include_transformed": options.include_transformed}  # fmt: skip
@@ -525,24 +522,22 @@ class GPF(FlowInference):
             warnings.simplefilter("ignore", FitWarning)  # the verdict below says it once
             gf.fit(n, progressbar=progressbar, callbacks=self._callbacks_on_gf(np.empty(0), 0, 0),
                    **keywords)  # fmt: skip
-        self.record.count(gf.gradient_evaluations, gf.density_evaluations)
-        self.record.extend(gf.hist, gf.step_sizes, False)
-        self.state = self.state._replace(i=len(self.hist))
+        self.merge_run(FitRecord(
+            gf.hist, gf.step_sizes, gradient_evaluations=gf.gradient_evaluations,
+            density_evaluations=gf.density_evaluations,
+        ))  # fmt: skip
         self._stages.stages.append({
             "step": 0, "n_particles": len(self.approx.particles),
             "fresh_draws": self.structure.kind, "message": gf.outcome.message,
         })  # fmt: skip
         self._adopt(gf)
-        reason = gf.outcome.reason
-        message = self.end_message(reason)
-        self.record.conclude(fit_outcome(reason, n, len(self.hist), self.fit_options, message))
-        self._give_verdict(reason)
+        self.conclude_run(gf.outcome.reason, n)
+        return gf.outcome.reason
 
-    def _record_run(self, result, n: int) -> None:
+    def run_ended(self, run: FitRecord) -> None:
         gf, self._fresh = self._fresh, None
         if gf is not None:  # its steps follow the particles' in the trace
-            result.extend(gf.hist, gf.step_sizes, False)
-        super()._record_run(result, n)
+            run.extend(gf.hist, gf.step_sizes, False)
 
     def _hyper_points(self, rng: np.random.Generator, draws: int) -> tuple[np.ndarray, bool]:
         if self.target.minibatch:  # each batch of draws its own minibatch: a noise estimate
@@ -550,12 +545,12 @@ class GPF(FlowInference):
         # the particles: the quadrature F~ itself uses, so the gradient is F~'s exactly
         return self.approx.particles, True
 
-    def _hyperparameters_moved(self) -> None:
-        if self.fit_options.auto and self._line_search:
-            self._auto.reset()  # nothing evaluated at the new hyperparameters yet
-            self.control.restart()
-        else:
-            super()._hyperparameters_moved()
+    def hyperparameters_moved(self) -> bool:
+        if not (self.fit_options.auto and self._line_search):
+            return False
+        self._auto.reset()  # nothing evaluated at the new hyperparameters yet
+        self.control.restart()
+        return True
 
     def _grow(self, step_count: int, why: dict) -> bool:
         """Restart from the same Gaussian with twice the particles, if the automatic
