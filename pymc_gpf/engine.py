@@ -201,6 +201,15 @@ class FlowInference(Inference):
         """A run of the loop is over (``run``: its fragment of the record, before it is
         merged): a method may append steps taken inside it (GPF: GF's continuation)."""
 
+    def observed_fields(self) -> dict[str, Any]:
+        """Fields of the method's own the controller reads for its next decision (the
+        ensembles': particles, drift, log p, preconditioner); none by default."""
+        return {}
+
+    def apply_decision(self, decision: Decision) -> None:
+        """Carry out the parts of the controller's ``decision`` beyond q's parameters and
+        step size (the ensembles' preconditioner, restarted particles); none by default."""
+
     def hyperparameters_moved(self) -> bool:
         """θ moved: ``True`` if the method restarted q's convergence itself (GPF's line
         search); ``False`` (the default): a fresh schedule of the engine's."""
@@ -302,20 +311,21 @@ class FlowInference(Inference):
 
     def observation(self) -> dict[str, Any]:
         """The fields of q the controller ``reads``, for its next decision: q's
-        ``location`` and ``scale`` (:meth:`location`) and its ``params``' values (a method
-        with other fields extends this)."""
+        ``location`` and ``scale`` (:meth:`location`), its ``params``' values and the
+        method's own (:meth:`observed_fields`)."""
         reads, out = self.control.reads, {}
         if "location" in reads or "scale" in reads:
             out["location"], out["scale"] = self.approx.location()
         if "params" in reads:
             out["params"] = [p.get_value() for p in self.approx.params]
-        return out
+        return out | self.observed_fields()
 
     def _apply(self, decision: Decision) -> None:
         """Carry out the controller's ``decision`` (its step size: :meth:`_write_rate`)."""
         if decision.params is not None:
             for shared, value in zip(self.approx.params, decision.params, strict=True):
                 shared.set_value(value.astype(shared.dtype))
+        self.apply_decision(decision)
 
     def restore(
         self, record: FitRecord, step: int, random_seed, check_root: tuple,

@@ -412,12 +412,11 @@ class Ensemble(FlowInference):
             target_ess=self._target_ess(),
         )
 
-    def observation(self) -> dict:
+    def observed_fields(self) -> dict:
         """What :class:`SamplingControl` reads now: the particles, and during burn-in their
         drift and log-density and the preconditioner (``None`` when the fit has none)."""
-        out = super().observation()
         if not isinstance(self.control, SamplingControl):
-            return out
+            return {}
         state, reads = self.approx.state, self.control.reads
         fields = {
             "particles": state.particles.get_value,
@@ -427,12 +426,11 @@ class Ensemble(FlowInference):
                 self.approx.preconditioner() if self._preconditioned(self.fit_options) else None
             ),
         }
-        return out | {name: read() for name, read in fields.items() if name in reads}
+        return {name: read() for name, read in fields.items() if name in reads}
 
-    def _apply(self, decision) -> None:
+    def apply_decision(self, decision) -> None:
         """Besides q's parameters: the re-estimated preconditioner, and the restart of
         outlying particles from the state (position, ``log p``, drift) of the best ones."""
-        super()._apply(decision)
         if decision.preconditioner is not None:
             self.approx.preconditioner(decision.preconditioner)
         if decision.restart is not None:
