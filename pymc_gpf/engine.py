@@ -31,7 +31,7 @@ from pymc_gpf.errors import FitWarning
 from pymc_gpf.failure import FailedStep, explain_failure
 from pymc_gpf.hyper import HyperSearch, compile_hyper_moments, flat_values, set_flat_values
 from pymc_gpf.jaxlink import row_sharding
-from pymc_gpf.loop import LoopResult, fit_outcome, progress_text, run_steps
+from pymc_gpf.loop import fit_outcome, progress_text, run_steps
 from pymc_gpf.options import (
     DEFAULT_MAX_STEPS,
     FIT_DOC,
@@ -60,8 +60,7 @@ __all__ = ["FlowInference", "configure"]
 END_STREAM = 4  # a method's draws at the end of a fit (WVGD's cell weights on minibatches)
 CHECK_STREAM = 5  # the verdict's draws, per step count
 HYPER_STREAM = 6  # the hyperparameters' draws of q, per step
-FRESH_STREAM = 7  # GPF's continuation with fresh draws (pymc_gpf.gpf.fresh)
-VIEW_STREAM = 9  # GPF's particles showing that continuation's q to callbacks
+# 7 and 9: GPF's own (pymc_gpf.gpf.method.FRESH_STREAM, VIEW_STREAM)
 WHITEN_STREAM = 8  # WVGD's Gaussian fit whose coordinates it runs in
 # a first step whose points reach where log p is not finite, around a finite centre, is
 # retried from a start this many times narrower, at most MAX_NARROWINGS times
@@ -84,7 +83,7 @@ def rebuild(cls: type[FlowInference], model: pm.Model, options: dict[str, Any]) 
             options[new] = options.pop(old)
     init = options.pop("init", INITS[0])
     inference = cls(model=model, init=INITS[0], **options)
-    inference.resolved = replace(inference.resolved, init=init)
+    inference.adjusted["init"] = init
     return inference
 
 
@@ -149,6 +148,9 @@ class FlowInference(Inference):
         # the options as this fit resolved them (a particle count for initial_particles,
         # GF's rank): set by the method's _initialise; ``config`` stays as given
         self.resolved = self.config
+        # options changed after construction, over ``resolved`` (which stays as built): the
+        # start narrowed mid-fit, a loaded fit's init (:attr:`options_in_effect`)
+        self.adjusted: dict[str, Any] = {}
         self._approx = self._initialise()
 
     approx = property(lambda self: self._approx)
@@ -188,6 +190,31 @@ class FlowInference(Inference):
     def load_continuation(self, inner: FlowInference) -> None:
         """Restore :attr:`continuation` (a loaded inner fit)."""
 
+    def run_elsewhere(self, n: int, progressbar: bool) -> str | None:
+        """Run this call's ``n`` steps some other way than the engine's loop (GPF: GF's flow
+        fitting a structure particles cannot hold, or continuing a fit it took over), put
+        them on record (:meth:`merge_run`, :meth:`conclude_run`) and return how they ended;
+        ``None`` (the default): the engine's loop runs them. The verdict follows either way."""
+        return None
+
+    def run_ended(self, run: FitRecord) -> None:
+        """A run of the loop is over (``run``: its fragment of the record, before it is
+        merged): a method may append steps taken inside it (GPF: GF's continuation)."""
+
+    def observed_fields(self) -> dict[str, Any]:
+        """Fields of the method's own the controller reads for its next decision (the
+        ensembles': particles, drift, log p, preconditioner); none by default."""
+        return {}
+
+    def apply_decision(self, decision: Decision) -> None:
+        """Carry out the parts of the controller's ``decision`` beyond q's parameters and
+        step size (the ensembles' preconditioner, restarted particles); none by default."""
+
+    def hyperparameters_moved(self) -> bool:
+        """θ moved: ``True`` if the method restarted q's convergence itself (GPF's line
+        search); ``False`` (the default): a fresh schedule of the engine's."""
+        return False
+
     def _finish(self, reason: str) -> None:
         """The fit is over for now (any reason but a divergence): last touches."""
 
@@ -208,10 +235,16 @@ class FlowInference(Inference):
 
     from_options = classmethod(rebuild)
 
+    @property
+    def options_in_effect(self) -> MethodConfig:
+        """The options as this fit resolved them (:attr:`resolved`) with what changed after
+        construction (:attr:`adjusted`)."""
+        return replace(self.resolved, **self.adjusted) if self.adjusted else self.resolved
+
     def constructor_options(self) -> dict[str, Any]:
         """The constructor keywords that rebuild this inference (JSON-able; for saving), as
-        this fit resolved them (:attr:`resolved`)."""
-        return self.resolved.options()
+        this fit resolved them (:attr:`options_in_effect`)."""
+        return self.options_in_effect.options()
 
     def settings(self) -> dict[str, Any]:
         """The options of this fit, as stored in the method's DataTree group."""
@@ -278,20 +311,21 @@ class FlowInference(Inference):
 
     def observation(self) -> dict[str, Any]:
         """The fields of q the controller ``reads``, for its next decision: q's
-        ``location`` and ``scale`` (:meth:`location`) and its ``params``' values (a method
-        with other fields extends this)."""
+        ``location`` and ``scale`` (:meth:`location`), its ``params``' values and the
+        method's own (:meth:`observed_fields`)."""
         reads, out = self.control.reads, {}
         if "location" in reads or "scale" in reads:
             out["location"], out["scale"] = self.approx.location()
         if "params" in reads:
             out["params"] = [p.get_value() for p in self.approx.params]
-        return out
+        return out | self.observed_fields()
 
     def _apply(self, decision: Decision) -> None:
         """Carry out the controller's ``decision`` (its step size: :meth:`_write_rate`)."""
         if decision.params is not None:
             for shared, value in zip(self.approx.params, decision.params, strict=True):
                 shared.set_value(value.astype(shared.dtype))
+        self.apply_decision(decision)
 
     def restore(
         self, record: FitRecord, step: int, random_seed, check_root: tuple,
@@ -312,9 +346,12 @@ class FlowInference(Inference):
         restores a saved state)."""
         rates = options.learning_rate if not options.auto else (1.0, 1.0)
         self._learning_rates.set_value(np.asarray(rates, dtype=self.target.dtype))
-        self.step, self.state_vars = compile_step(
-            self._build_step(options), options, self._learning_rates
-        )
+        graph = self._build_step(options)
+        if graph is None:  # no step of its own: the method runs its fits elsewhere
+            self.fit_options, self.step, self.state_vars = options, None, {}
+            self.control, self.hyper, self._hyper_fn = self._control(options), None, None
+            return
+        self.step, self.state_vars = compile_step(graph, options, self._learning_rates)
         self.fit_options = options
         self.control = self._control(options)
         self._write_rate()
@@ -405,7 +442,8 @@ class FlowInference(Inference):
         before = flat_values(params)
         set_flat_values(params, before + move)
         self.hyper.step_taken = flat_values(params) - before  # as applied (e.g. float32)
-        self._hyperparameters_moved()
+        if not self.hyperparameters_moved():
+            self._fresh_schedule()
         return None
 
     def _hyper_moments(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -445,7 +483,7 @@ class FlowInference(Inference):
         fresh draws of q."""
         return self.approx.draw(draws, rng), False
 
-    def _hyperparameters_moved(self) -> None:
+    def _fresh_schedule(self) -> None:
         """θ moved: q converges again, from where it is, with a fresh schedule (and the
         minibatch control variates' anchor is evaluated again at the new θ)."""
         self.control = self._control(self.fit_options)
@@ -488,7 +526,13 @@ class FlowInference(Inference):
     def _run(self, n: int, progressbar: bool, progressbar_theme) -> None:
         """At most ``n`` steps of the compiled step under the controller: extends the
         record, raises on a failed step, judges the fit and warns when it is not
-        trustworthy. One BLAS pool keeps its threads meanwhile (:mod:`pymc_gpf.threads`)."""
+        trustworthy. One BLAS pool keeps its threads meanwhile (:mod:`pymc_gpf.threads`). A
+        method may run them elsewhere (:meth:`run_elsewhere`)."""
+        self.step_limit = self.state.i + n  # the step count this call may reach
+        reason = self.run_elsewhere(n, progressbar)
+        if reason is not None:
+            self._give_verdict(reason)
+            return
         with self.blas_threads():
             self._steps_and_verdict(n, progressbar, progressbar_theme)
 
@@ -557,8 +601,8 @@ class FlowInference(Inference):
             if not self._narrow_start(NARROWING):
                 break
             option = self.spread_option
-            narrower = getattr(self.resolved, option) * NARROWING
-            self.resolved = replace(self.resolved, **{option: narrower})
+            narrower = getattr(self.options_in_effect, option) * NARROWING
+            self.adjusted[option] = narrower
             # a centre where log p is finite (check_start) with initial points around it
             # where it is not (e.g. a censored likelihood underflowing far from the data):
             # the automatic default starts closer to the centre rather than fail
@@ -622,19 +666,37 @@ class FlowInference(Inference):
 
         return call
 
-    def _record_run(self, result: LoopResult, n: int) -> None:
+    def _record_run(self, result: FitRecord, n: int) -> None:
         """The run is over, whatever ended it: its steps and how it ended go on record."""
-        self.record.extend(result.free_energies, result.step_sizes, result.rolled_back)
-        self.state = self.state._replace(i=len(self.hist))
+        self.run_ended(result)
+        self.merge_run(result)
         if result.failure is None:
             result.reason = self.control.conclude(result.reason)
-        message = self.end_message(result.reason)
-        self.record.conclude(
-            fit_outcome(result.reason, n, len(self.hist), self.fit_options, message)
-        )
+        self.conclude_run(result.reason, n)
         self._apply(self.control.finish(result.reason, self.observation()))
         if result.failure is None:
             self._finish(result.reason)
+
+    def merge_run(self, run: FitRecord) -> None:
+        """Add a run (the loop's, or one :meth:`run_elsewhere` did) to the record; the step
+        count follows."""
+        self.record.merge(run)
+        self.state = self.state._replace(i=len(self.hist))
+
+    def conclude_run(self, reason: str, n: int) -> None:
+        """A call of ``n`` steps ended for ``reason``: its outcome goes on record."""
+        message = self.end_message(reason)
+        self.record.conclude(fit_outcome(reason, n, len(self.hist), self.fit_options, message))
+
+    def replace_callbacks(self, callbacks: list[Callable]) -> None:
+        """The callbacks the next ``refine`` calls (a fit continuing inside another: GPF's
+        GF shows the outer fit's callbacks its steps)."""
+        self.state = self.state._replace(callbacks=callbacks)
+
+    def callbacks_seen(self, step: int) -> None:
+        """The fit's callbacks have seen its steps up to ``step`` (a continuation showed
+        them its own)."""
+        self.callbacks_saw = step
 
     def _give_verdict(self, reason: str) -> None:
         verdict = self.judge()

@@ -12,7 +12,6 @@ import math
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from contextvars import ContextVar
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,9 +21,10 @@ from rich.progress import BarColumn, TaskProgressColumn, TextColumn, TimeElapsed
 
 from pymc_gpf.control import Outcome
 from pymc_gpf.options import FitOptions
+from pymc_gpf.record import FitRecord
 from pymc_gpf.stepgraph import CompiledStep
 
-__all__ = ["LoopResult", "fit_outcome", "progress_text", "run_steps"]
+__all__ = ["fit_outcome", "progress_text", "run_steps"]
 
 logger = logging.getLogger("pymc_gpf")
 # numba compiles at the first call: tens of seconds for a model new to this machine, about a
@@ -35,18 +35,6 @@ COMPILING = "compiling the step (cached on disk for the next run)…"
 _LIVE: ContextVar[CustomProgress | None] = ContextVar("pymc_gpf_live_progress", default=None)
 
 
-@dataclass
-class LoopResult:
-    """What one run of the loop did: the free energies and step sizes of its ``done``
-    accepted steps, why it stopped, and the step (counted over all runs) that failed."""
-
-    free_energies: np.ndarray
-    step_sizes: np.ndarray
-    reason: str = "max_steps"
-    failure: int | None = None
-    rolled_back: bool = False  # the guard also dropped the step before the failed one
-
-
 def run_steps(
     step: CompiledStep,
     n: int,
@@ -55,19 +43,21 @@ def run_steps(
     title: str,
     observe: Callable[[float, dict[str, float]], tuple[float, str | None]],
     describe: Callable[[float, dict[str, float], str], str],
-    finish: Callable[[LoopResult], None],
+    finish: Callable[[FitRecord], None],
     callbacks: Sequence[Callable],
     approx,
     progressbar: bool,
     theme,
     stops_itself: bool = False,
-) -> LoopResult:
+) -> FitRecord:
     """At most ``n`` steps. ``observe(free_energy, info)`` returns the step size and a stop
     code (or ``None``); ``describe(free_energy, info, stop)`` the progress text;
-    ``finish(result)`` records the steps done, whatever ends the loop."""
+    ``finish(result)`` records the steps done, whatever ends the loop. ``result`` is a
+    fragment of the fit's record (:class:`~pymc_gpf.record.FitRecord`): the free energies
+    and step sizes of the steps done, why the run stopped and which step failed."""
     scores, sizes = np.full(n, np.nan), np.full(n, np.nan)
     done = 0
-    result = LoopResult(scores, sizes)
+    result = FitRecord(scores, sizes)
     outer = _LIVE.get()
     if outer is not None:
         title = f"  then {title[0].lower()}{title[1:]}"
@@ -113,7 +103,7 @@ def run_steps(
     finally:
         if live is not None:
             _LIVE.reset(live)
-        result.free_energies, result.step_sizes = scores[:done], sizes[:done]
+        result.free_energy, result.step_sizes = scores[:done], sizes[:done]
         finish(result)
     return result
 

@@ -81,8 +81,9 @@ class Method(Protocol):
     def _initialise(self) -> FittedApproximation:
         """The approximation at the starting point (its ``params`` hold the fitted state)."""
 
-    def _build_step(self, options: FitOptions) -> StepGraph:
+    def _build_step(self, options: FitOptions) -> StepGraph | None:
         """One iteration for the fit keywords ``options`` (:class:`pymc_gpf.options.FitOptions`):
         the method's pure ``step(state, noise, target, rates, static) -> (State, Info)`` (one
         of its ``steps``) applied to its state in shared variables, as
-        ``StepGraph(state, new, info)`` (:mod:`pymc_gpf.stepgraph`)."""
+        ``StepGraph(state, new, info)`` (:mod:`pymc_gpf.stepgraph`); ``None``: no step of its
+        own, the method runs its fits elsewhere (``FlowInference.run_elsewhere``)."""

@@ -1,5 +1,6 @@
 """What a fit has done, over all its ``fit`` and ``refine`` calls: the one record the engine
-keeps, the loop's runs extend and persistence saves and restores."""
+keeps, persistence saves and restores, and each run of the loop (:func:`pymc_gpf.loop.run_steps`)
+returns a fragment of, which the engine merges into it."""
 
 from __future__ import annotations
 
@@ -27,7 +28,12 @@ class FitRecord:
     """The free energy and step size of every accepted step, how the last call ended
     (``outcome``), the cost so far (``gradient_evaluations``: points where the log-density
     and its gradient were evaluated; ``density_evaluations``: without gradient) and, with
-    ``more_obj_params``, their flat values after every step (``hyper_trace``)."""
+    ``more_obj_params``, their flat values after every step (``hyper_trace``).
+
+    A fragment of one run of the loop also says why it stopped (``reason``), the step
+    (counted over all runs) whose move failed (``failure``) and whether the guard rolled back
+    the step before that one too (``rolled_back``); :meth:`merge` adds it to the fit's
+    record."""
 
     free_energy: np.ndarray = field(default_factory=_empty)
     step_sizes: np.ndarray = field(default_factory=_empty)
@@ -35,6 +41,10 @@ class FitRecord:
     gradient_evaluations: int = 0
     density_evaluations: int = 0
     hyper_trace: list[np.ndarray] = field(default_factory=list)
+    # one run of the loop, as it ended (a fragment; not saved)
+    reason: str = "max_steps"
+    failure: int | None = None
+    rolled_back: bool = False
 
     @property
     def steps(self) -> int:
@@ -55,6 +65,12 @@ class FitRecord:
             if self.hyper_trace:
                 self.hyper_trace.pop()
         self.free_energy, self.step_sizes = hist, sizes
+
+    def merge(self, run: FitRecord) -> None:
+        """Add one run's fragment: its steps (less the one its guard rolled back) and its
+        evaluations."""
+        self.extend(run.free_energy, run.step_sizes, run.rolled_back)
+        self.count(run.gradient_evaluations, run.density_evaluations)
 
     def conclude(self, outcome: Outcome) -> None:
         self.outcome = outcome

@@ -207,7 +207,7 @@ def test_a_wall_in_the_density_stalls_the_line_search():
     with pytest.warns(pymc_gpf.FitWarning, match="GPF did not converge: stalled"):
         approx = pm.fit(method="gpf", model=model, random_seed=1, progressbar=False)
     assert approx.outcome.reason == "stalled" and approx.outcome.verdict == NOT_CONVERGED
-    assert approx.inference._stages.stall_restarts == 1
+    assert approx.inference.own.stages.stall_restarts == 1
 
 
 def test_a_fresh_cloud_that_would_cross_a_wall_is_not_taken():

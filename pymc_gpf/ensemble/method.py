@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import warnings
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import pymc as pm
 import xarray as xr
@@ -179,6 +181,17 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
         return self._points_dataset(self.particles, "particle", settings)
 
 
+@dataclass
+class EnsembleStart:
+    """How the ensemble started, decided by ``_initialise`` (saved with a fit, a loaded one
+    being rebuilt without running it again): its fields are updated, the object is kept."""
+
+    init_used: str  # "gaussian" or "initial_point" ("auto" resolved)
+    start_fit: dict = field(default_factory=dict)  # the Gaussian fit's numbers, if one ran
+    start_q: GaussianQ | None = None  # that fit's q
+    start_preconditioner: bool = False  # its covariance preconditions the chains
+
+
 class Ensemble(FlowInference):
     r"""Deep, Langevin and repulsive Langevin ensembles (Wild, Ghalebikesabi, Sejdinovic &
     Knoblauch, NeurIPS 2023): ``N`` particles follow the Wasserstein gradient flow of
@@ -278,39 +291,39 @@ class Ensemble(FlowInference):
         )  # fmt: skip
         super().__init__(model=model, random_seed=random_seed, start=start, devices=devices)
 
+    # the Gaussian fit the ensemble started from, if any (its numbers; saved with the fit)
+    start_fit = property(lambda self: self.own.start_fit)
+
     def _initialise(self) -> EnsembleApproximation:
         config, target = self.config, self.target
-        self.start_fit: dict = {}
-        self._start_q: GaussianQ | None = None
-        self._start_preconditioner = False
-        self._init_used = config.resolved_init
+        self.own = EnsembleStart(init_used=config.resolved_init)
         automatic = config.init == "auto" and self._fits_a_gaussian_first()
         if config.resolved_init == "gaussian" or automatic:
             dense = flow.factor_rows(config.n_particles, target.ndim) == target.ndim
-            q, self.start_fit = gaussian_start(
+            q, self.own.start_fit = gaussian_start(
                 target.model, self._start, self._init_rng, "full" if dense else "diagonal",
                 check=automatic,
             )  # fmt: skip
             # "auto" starts at the initial point even where the fit is trustworthy: a mode q
             # never visits is invisible to its importance check (a mixture's mirror mode),
             # and chains started in q's mode would never find it
-            self._start_q = q
+            self.own.start_q = q
             if q is not None and config.init == "gaussian":
                 approx = EnsembleApproximation(self, self._overdispersed(q))
                 approx.preconditioner(start_preconditioner(q, config.n_particles))
-                self._start_preconditioner = True
-                self._init_used = "gaussian"
+                self.own.start_preconditioner = True
+                self.own.init_used = "gaussian"
                 return approx
-            self._init_used = "initial_point"
-        q, spread, centre = self._start_q, None, None
-        if q is not None and self.start_fit.get("converged"):
-            centre = initial_centre(target, self._start, self._init_used, self._init_rng)
+            self.own.init_used = "initial_point"
+        q, spread, centre = self.own.start_q, None, None
+        if q is not None and self.own.start_fit.get("converged"):
+            centre = initial_centre(target, self._start, self.own.init_used, self._init_rng)
             # reported, and named in the remedy of a fit that did not converge: from beyond
             # far_start the chains can spend any number of steps crossing a region where
             # q's metric is not the posterior's. They still start here, not at q's draws:
             # started there, the ensembles tutorial's chains all stayed in q's mode and
             # passed R-hat, one of two mirror modes of equal mass missed
-            self.start_fit["initial_point_distance"] = float(q.distance(centre)[0])
+            self.own.start_fit["initial_point_distance"] = float(q.distance(centre)[0])
             # around the initial point at q's scales and orientation, not the model's: a
             # slope on predictors in the thousands has a posterior sd of 5e-5, and unit
             # noise there put the chains 10^4 sds out, on a flat ridge of an improper
@@ -318,7 +331,7 @@ class Ensemble(FlowInference):
             spread = lambda n, rng: q.sample(n, rng) - q.mean  # noqa: E731
         particles = initial_cloud(
             target, self._start, self._init_rng, n_particles=config.n_particles,
-            init_scale=config.init_scale, init=self._init_used, spread=spread, centre=centre,
+            init_scale=config.init_scale, init=self.own.init_used, spread=spread, centre=centre,
         )  # fmt: skip
         return EnsembleApproximation(self, particles)
 
@@ -329,7 +342,7 @@ class Ensemble(FlowInference):
         return (
             f"The chains' log-density (median {below[0]:.4g}) is still far below its mean "
             f"under a Gaussian fit ({below[1]:.4g}), whose mean they started "
-            f"{self.start_fit['initial_point_distance']:.0f} of its sds from (the initial "
+            f"{self.own.start_fit['initial_point_distance']:.0f} of its sds from (the initial "
             "point): they have not reached the posterior yet. init='gaussian' starts them "
             "at that fit's draws (every chain then begins in its mode), or refine(n) "
             "continues them"
@@ -341,7 +354,7 @@ class Ensemble(FlowInference):
         still below its typical values by more than ``FAR_BELOW`` of its sds (a Gaussian
         posterior's ``log p`` has sd ``sqrt(D / 2)`` in its typical set): chains crossing
         to the posterior, not chains in another mode of the same height."""
-        fit = self.start_fit
+        fit = self.own.start_fit
         if "mean_logp" not in fit or fit.get("initial_point_distance", 0.0) <= far_start(
             self.target.ndim
         ):
@@ -388,7 +401,7 @@ class Ensemble(FlowInference):
         auto = options.auto
         # before the first curvature: a step a tenth of the initial spread's variance (in
         # the metric of a Gaussian fit's covariance, a tenth)
-        spread = 1.0 if self._init_used == "gaussian" else self.config.init_scale**2
+        spread = 1.0 if self.own.init_used == "gaussian" else self.config.init_scale**2
         rate = 0.1 * spread if auto else options.learning_rate[0]
         return SamplingControl(
             options.tol,
@@ -399,12 +412,11 @@ class Ensemble(FlowInference):
             target_ess=self._target_ess(),
         )
 
-    def observation(self) -> dict:
+    def observed_fields(self) -> dict:
         """What :class:`SamplingControl` reads now: the particles, and during burn-in their
         drift and log-density and the preconditioner (``None`` when the fit has none)."""
-        out = super().observation()
         if not isinstance(self.control, SamplingControl):
-            return out
+            return {}
         state, reads = self.approx.state, self.control.reads
         fields = {
             "particles": state.particles.get_value,
@@ -414,12 +426,11 @@ class Ensemble(FlowInference):
                 self.approx.preconditioner() if self._preconditioned(self.fit_options) else None
             ),
         }
-        return out | {name: read() for name, read in fields.items() if name in reads}
+        return {name: read() for name, read in fields.items() if name in reads}
 
-    def _apply(self, decision) -> None:
+    def apply_decision(self, decision) -> None:
         """Besides q's parameters: the re-estimated preconditioner, and the restart of
         outlying particles from the state (position, ``log p``, drift) of the best ones."""
-        super()._apply(decision)
         if decision.preconditioner is not None:
             self.approx.preconditioner(decision.preconditioner)
         if decision.restart is not None:
@@ -444,20 +455,20 @@ class Ensemble(FlowInference):
         move at the posterior's scale in every direction from the first step, whatever the
         model's units (on the whole data set; with ``pm.Minibatch`` the ensemble's own
         covariance, re-estimated during burn-in, as without a fit)."""
-        if self._start_preconditioner and isinstance(self.control, SamplingControl):
+        if self.own.start_preconditioner and isinstance(self.control, SamplingControl):
             self.control.reestimate = False  # started from a Gaussian fit's draws
-        if not self._preconditioned(options) or self._start_preconditioner:
+        if not self._preconditioned(options) or self.own.start_preconditioner:
             return
         if not self._fits_a_gaussian_first():  # minibatches: a noisy GF costs more than it saves
             return
-        if self.config.init == "auto" and self.start_fit.get("verdict") != TRUSTWORTHY:
+        if self.config.init == "auto" and self.own.start_fit.get("verdict") != TRUSTWORTHY:
             # the fit's verdict was not trustworthy: its covariance is not the posterior's
             # either, so the ensemble estimates its own during burn-in (as on minibatches)
             return
-        q = self._start_q
-        if q is None and not self.start_fit:
+        q = self.own.start_q
+        if q is None and not self.own.start_fit:
             dense = flow.factor_rows(self.config.n_particles, self.target.ndim) == self.target.ndim
-            q, self.start_fit = gaussian_start(
+            q, self.own.start_fit = gaussian_start(
                 self.model, self._start, self._method_rng, "full" if dense else "diagonal"
             )
         if q is not None:
@@ -467,15 +478,15 @@ class Ensemble(FlowInference):
     def checkpoint_extra(self) -> dict:
         # what _initialise decided (a loaded fit is rebuilt without running it again)
         return {
-            "start_fit": self.start_fit,
-            "init_used": self._init_used,
-            "start_preconditioner": self._start_preconditioner,
+            "start_fit": self.own.start_fit,
+            "init_used": self.own.init_used,
+            "start_preconditioner": self.own.start_preconditioner,
         }
 
     def load_checkpoint_extra(self, extra: dict) -> None:
-        self.start_fit = dict(extra["start_fit"])
-        self._init_used = extra["init_used"]
-        self._start_preconditioner = bool(extra["start_preconditioner"])
+        self.own.start_fit = dict(extra["start_fit"])
+        self.own.init_used = extra["init_used"]
+        self.own.start_preconditioner = bool(extra["start_preconditioner"])
 
     def _describe(self, reason: str) -> str:
         if reason == "converged" and self.config.kind == "deep":
@@ -487,7 +498,7 @@ class Ensemble(FlowInference):
 
     def _fitted_settings(self) -> dict:
         out = {"lambda1": self.config.repulsion_used, "lambda2": self.config.temperature_used}
-        out |= {f"start_{key}": value for key, value in self.start_fit.items()}
+        out |= {f"start_{key}": value for key, value in self.own.start_fit.items()}
         if isinstance(self.control, SamplingControl):
             out |= self.control.settings()
         return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from typing import ClassVar
 
@@ -19,7 +19,7 @@ from pymc_gpf.approximation import GaussianApproximation, ParticlesMixin
 from pymc_gpf.checks import check_particles, renamed
 from pymc_gpf.clouds import antithetic_cloud
 from pymc_gpf.control import Control, Deterministic
-from pymc_gpf.engine import FRESH_STREAM, VIEW_STREAM, FlowInference
+from pymc_gpf.engine import FlowInference
 from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gf import GF, arrow_points, model_locals
@@ -39,13 +39,17 @@ from pymc_gpf.gpf.particles import (
     restart_cloud,
     start_cloud,
 )
-from pymc_gpf.loop import fit_outcome
 from pymc_gpf.options import AUTO, FitOptions, resolve_natural_mean
+from pymc_gpf.record import FitRecord
 from pymc_gpf.start import initial_centre
 from pymc_gpf.stepgraph import StepGraph
 from pymc_gpf.structure import Structure, parse_structure
 
 __all__ = ["GPF", "GPFApproximation"]
+
+# GPF's streams under the fit's seed (the engine's: pymc_gpf.engine, END_STREAM ...)
+FRESH_STREAM = 7  # GF's continuation with fresh draws (pymc_gpf.gpf.fresh), an arrow's fit
+VIEW_STREAM = 9  # the particles showing that continuation's q to callbacks
 
 
 class GPFApproximation(ParticlesMixin, GaussianApproximation):
@@ -120,6 +124,17 @@ class GPFApproximation(ParticlesMixin, GaussianApproximation):
 
     def _method_group(self) -> xr.Dataset:
         return self._points_dataset(self.particles, "particle", self.inference.settings())
+
+
+@dataclass
+class GPFState:
+    """What GPF keeps over its fits besides the engine's record: created by ``_initialise``,
+    its fields updated as the fit goes (the inference's own attributes are not)."""
+
+    stages: ParticleStages = field(default_factory=ParticleStages)  # restarts, fresh draws
+    auto: held.AutoStep | None = None  # the automatic step (held.build): best state, restarts
+    fresh: GF | None = None  # GF's fit that continued this run (fresh.py), its trace to record
+    gf: GF | None = None  # and the one that continues any refine (saved as its continuation)
 
 
 def arrow_particles(structure: Structure) -> int:
@@ -220,17 +235,15 @@ class GPF(FlowInference):
         self.initial_particles = initial_particles
         super().__init__(model=model, random_seed=random_seed, start=start, devices=devices)
 
-    stages = property(lambda self: self._stages.stages)
-    final_free_energy = property(lambda self: self._stages.final_free_energy)
+    stages = property(lambda self: self.own.stages.stages)
+    final_free_energy = property(lambda self: self.own.stages.final_free_energy)
     particle_free_energy = True
 
     def _initialise(self) -> GPFApproximation:
         config, target = self.config, self.target
         centre = cache(lambda: initial_centre(target, self._start, config.init, self._init_rng))
         self.structure = self._resolve_structure(centre)
-        self._stages = ParticleStages()
-        self._fresh = None  # GF's fit that continued this run (fresh.py), its trace to record
-        self._gf = None  # and the one that continues any refine (saved as its continuation)
+        self.own = GPFState()
         self.resolved = config
         if self.initial_particles is not None:
             particles = check_particles(self.initial_particles, target.dtype, target.labels, "N", 2)
@@ -275,30 +288,40 @@ class GPF(FlowInference):
             "structure": self.structure.describe(),
             "natural_mean": resolve_natural_mean(self.config.natural_mean, self.fit_options),
             "cloud": cloud,
-            "init": "initial_particles" if explicit else self.resolved.init,
-        } | self._stages.settings()
+            "init": "initial_particles" if explicit else self.options_in_effect.init,
+        } | self.own.stages.settings()
 
     # backtracking needs a deterministic free energy: full data
     _line_search = property(lambda self: not self.target.minibatch)
 
-    def _build_step(self, options: FitOptions) -> StepGraph:
+    def _build_step(self, options: FitOptions) -> StepGraph | None:
+        if fitted_by_gf(self.structure):
+            # GF's flow fits the structure (run_elsewhere): no particle step to compile
+            if not options.auto or options.more_obj_params:
+                kind = self.structure.kind
+                raise ValueError(
+                    f"structure={kind!r} takes the automatic step size and no more_obj_params "
+                    f"(GF's flow fits it); pass structure='full' to GPF for those, or fit the "
+                    f"{kind} structure with method='gf'."
+                )
+            return None
         rng = self._method_rng if self._line_search else None
-        graph, self._auto = held.build(
+        graph, self.own.auto = held.build(
             self.approx.shared_particles, self.target, self.structure, self.config.natural_mean,
             options, self.learning_rates, rng,
         )  # fmt: skip
         return graph
 
     def checkpoint_extra(self) -> dict:
-        return self._stages.checkpoint(self._method_rng)
+        return self.own.stages.checkpoint(self._method_rng)
 
     def load_checkpoint_extra(self, extra: dict) -> None:
-        self._stages = ParticleStages.load(extra, self._method_rng)
+        self.own.stages = ParticleStages.load(extra, self._method_rng)
 
-    continuation = property(lambda self: self._gf)
+    continuation = property(lambda self: self.own.gf)
 
     def load_continuation(self, inner) -> None:
-        self._gf = inner
+        self.own.gf = inner
         if fitted_by_gf(self.structure):
             self._adopt(inner)
 
@@ -306,22 +329,9 @@ class GPF(FlowInference):
     def arrow(self):
         """GF's fit of the hierarchical or low-rank structure (its approximation), once it
         has run."""
-        return self._gf.approx if fitted_by_gf(self.structure) and self._gf is not None else None
-
-    def prepare(self, options: FitOptions) -> None:
-        if not fitted_by_gf(self.structure):
-            super().prepare(options)
-            return
-        # GF's flow fits the structure (_run): no particle step to compile
-        if not options.auto or options.more_obj_params:
-            kind = self.structure.kind
-            raise ValueError(
-                f"structure={kind!r} takes the automatic step size and no more_obj_params "
-                f"(GF's flow fits it); pass structure='full' to GPF for those, or fit the "
-                f"{kind} structure with method='gf'."
-            )
-        self.fit_options, self.step, self.state_vars = options, None, {}
-        self.control, self.hyper, self._hyper_fn = self._control(options), None, None
+        return (
+            self.own.gf.approx if fitted_by_gf(self.structure) and self.own.gf is not None else None
+        )
 
     def _control(self, options: FitOptions) -> Control:
         if options.auto and self._line_search:
@@ -337,11 +347,11 @@ class GPF(FlowInference):
         if not (self.fit_options.auto and self._line_search):
             return reason
         if reason == "overfitting":
-            self._stages.final_free_energy = self._auto.finish(restore_best=True)
+            self.own.stages.final_free_energy = self.own.auto.finish(restore_best=True)
             if self._may_continue and self._restart_cloud(len(self.approx.particles)):
                 # tested on a fresh cloud of the best Gaussian: its error and the
                 # quadrature's then add up, and the cap's can be estimated
-                self._stages.cloud_checked = True
+                self.own.stages.cloud_checked = True
             self.control.verify()
             return None
         if reason == "unverified":
@@ -350,21 +360,21 @@ class GPF(FlowInference):
             # particles' fixed point on a fresh cloud (their quadrature is too coarse). More
             # particles, unless even the cap would not do: then fresh draws every step
             decrement, n = self.control.last_decrement, len(self.approx.particles)
-            fresh = self._stages.cloud_checked
+            fresh = self.own.stages.cloud_checked
             why = {"decrement_fresh_cloud" if fresh else "decrement_at_best": decrement}
             hopeless = fresh and not cap_would_converge(
                 decrement, n, self.target.ndim, self.fit_options.tol
             )
             if not hopeless and self._grow(step_count, why):
                 return None
-            self._stages.begin(n)
-            self._stages.stages[-1] |= why
+            self.own.stages.begin(n)
+            self.own.stages.stages[-1] |= why
             return self._fresh_draws("fresh_cloud" if fresh else "overfitting", step_count)
         if reason == "stalled":
-            if self._stages.stall_restarts:
+            if self.own.stages.stall_restarts:
                 return reason
             # a fresh cloud of the same Gaussian: a degenerate or unlucky one can stall
-            self._stages.stall_restarts += 1
+            self.own.stages.stall_restarts += 1
             if not self._restart_cloud(len(self.approx.particles)):
                 return reason
             self.control.restart()
@@ -372,18 +382,18 @@ class GPF(FlowInference):
         if reason != "converged":
             return reason
         if not self.resolved.auto_particles:
-            self._stages.final_free_energy = self._auto.finish(restore_best=False)
+            self.own.stages.final_free_energy = self.own.auto.finish(restore_best=False)
             return reason
-        checked = self._stages.cloud_checked or not self._may_continue
+        checked = self.own.stages.cloud_checked or not self._may_continue
         if not checked and self._restart_cloud(len(self.approx.particles)):
             # the fixed point is the particles' quadrature's: a fresh cloud of the same
             # Gaussian must find it at a fixed point too (else it is off the optimum by
             # more than tol, and the cloud grows)
-            self._stages.cloud_checked = True
+            self.own.stages.cloud_checked = True
             self.control.verify()
             return None
-        self._stages.final_free_energy = self._auto.finish(restore_best=False)
-        decision = self._stages.check(self.approx, self._method_rng)
+        self.own.stages.final_free_energy = self.own.auto.finish(restore_best=False)
+        decision = self.own.stages.check(self.approx, self._method_rng)
         self.record.count(densities=BIAS_DRAWS)
         if decision != "double":
             return reason if decision == "unbiased" else self._fresh_draws(decision, step_count)
@@ -394,7 +404,7 @@ class GPF(FlowInference):
         them would not do (the cap, or a quadrature too coarse even there): GF's flow
         continues from their Gaussian (:mod:`.fresh`) with the steps left, and its outcome
         is the fit's (if :attr:`_may_continue`)."""
-        steps = self._step_limit - step_count
+        steps = self.step_limit - step_count
         ending = "biased" if reason == "fresh_cloud" else reason
         if not self._may_continue or steps < 1:
             return ending
@@ -406,13 +416,13 @@ class GPF(FlowInference):
             return ending
         self.record.count(gf.gradient_evaluations, gf.density_evaluations)
         n = len(self.approx.particles)
-        self._stages.begin(n)
-        self._stages.stages.append({
+        self.own.stages.begin(n)
+        self.own.stages.stages.append({
             "step": step_count, "n_particles": n, "fresh_draws": reason,
             "message": gf.outcome.message,
         })  # fmt: skip
         self._adopt(gf)
-        self._fresh = self._gf = gf
+        self.own.fresh = self.own.gf = gf
         return gf.outcome.reason
 
     def _callbacks_on_gf(self, trace: np.ndarray, step: int, gf_step: int) -> list:
@@ -448,7 +458,7 @@ class GPF(FlowInference):
         callbacks = [through(callback) for callback in self.state.callbacks]
 
         def saw(approx, hist, i) -> None:
-            self.callbacks_saw = step + i - gf_step
+            self.callbacks_seen(step + i - gf_step)
 
         return [*callbacks, saw]
 
@@ -469,11 +479,11 @@ class GPF(FlowInference):
         n = len(self.approx.particles)
         if fitted_by_gf(self.structure):
             self.approx.shared_particles.set_value(self._arrow_cloud(gf))
-            self._stages.final_free_energy = gf.final_free_energy
+            self.own.stages.final_free_energy = gf.final_free_energy
             return
         cloud = cloud_of(gf.approx.mean.get_value(), gf.approx.factor, n, self._method_rng)
-        self._auto.restart(cloud.astype(self.target.dtype))
-        self._stages.final_free_energy = gf.final_free_energy
+        self.own.auto.restart(cloud.astype(self.target.dtype))
+        self.own.stages.final_free_energy = gf.final_free_energy
 
     @property
     def _may_continue(self) -> bool:
@@ -481,34 +491,32 @@ class GPF(FlowInference):
         the user chose the quadrature, nor while learning hyperparameters)."""
         return self.resolved.auto_particles and not self.fit_options.more_obj_params
 
-    def _run(self, n: int, progressbar: bool, progressbar_theme) -> None:
-        self._step_limit = self.state.i + n  # what a continuation with fresh draws may take
-        if fitted_by_gf(self.structure) and self._gf is None:
-            self._arrow_fit(n, progressbar)
-            return
-        if self._gf is None or not n:
-            super()._run(n, progressbar, progressbar_theme)
-            return
+    def run_elsewhere(self, n: int, progressbar: bool) -> str | None:
+        """GF's flow runs the hierarchical or low-rank structure's first fit, and any
+        refine of a fit it continued; the particles' own steps are the engine's."""
+        if fitted_by_gf(self.structure) and self.own.gf is None:
+            return self._arrow_fit(n, progressbar)
+        if self.own.gf is None or not n:
+            return None
         # the fit went on with GF's flow: refine continues that (its schedule, its average)
-        gf = self._gf
+        gf = self.own.gf
         done, grads, densities = len(gf.hist), gf.gradient_evaluations, gf.density_evaluations
-        self.callbacks_saw = self.state.i
-        callbacks = self._callbacks_on_gf(np.empty(0), self.state.i, done)
-        gf.state = gf.state._replace(callbacks=callbacks)
+        self.callbacks_seen(self.state.i)
+        gf.replace_callbacks(self._callbacks_on_gf(np.empty(0), self.state.i, done))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FitWarning)  # the verdict below says it once
             gf.refine(n, progressbar=progressbar)
-        self.record.count(gf.gradient_evaluations - grads, gf.density_evaluations - densities)
-        self.record.extend(gf.hist[done:], gf.step_sizes[done:], False)
-        self.state = self.state._replace(i=len(self.hist))
+        self.merge_run(FitRecord(
+            gf.hist[done:], gf.step_sizes[done:],
+            gradient_evaluations=gf.gradient_evaluations - grads,
+            density_evaluations=gf.density_evaluations - densities,
+        ))  # fmt: skip
         self._adopt(gf)
-        self._stages.stages[-1]["message"] = gf.outcome.message
-        reason = gf.outcome.reason
-        message = self.end_message(reason)
-        self.record.conclude(fit_outcome(reason, n, len(self.hist), self.fit_options, message))
-        self._give_verdict(reason)
+        self.own.stages.stages[-1]["message"] = gf.outcome.message
+        self.conclude_run(gf.outcome.reason, n)
+        return gf.outcome.reason
 
-    def _arrow_fit(self, n: int, progressbar: bool) -> None:
+    def _arrow_fit(self, n: int, progressbar: bool) -> str:
         """The hierarchical or low-rank structure's first fit: GF's flow from this fit's
         start, seed and fit keywords (its verdict is this fit's), on record as a stage."""
         options = self.fit_options
@@ -516,8 +524,8 @@ class GPF(FlowInference):
         gf = GF(structure=self.structure.kind, init=self.config.init,
                 init_scale=self.config.init_scale, model=self.model, random_seed=seed,
                 start=self._start)  # fmt: skip
-        self._gf = gf
-        self.callbacks_saw = 0
+        self.own.gf = gf
+        self.callbacks_seen(0)
         keywords = {"tol": options.tol, "backend": options.backend, "check_draws": 0,
                     "compile_kwargs": options.compile_kwargs,
                     "include_transformed": options.include_transformed}  # fmt: skip
@@ -525,25 +533,22 @@ class GPF(FlowInference):
             warnings.simplefilter("ignore", FitWarning)  # the verdict below says it once
             gf.fit(n, progressbar=progressbar, callbacks=self._callbacks_on_gf(np.empty(0), 0, 0),
                    **keywords)  # fmt: skip
-        self.record.count(gf.gradient_evaluations, gf.density_evaluations)
-        self.record.extend(gf.hist, gf.step_sizes, False)
-        self.state = self.state._replace(i=len(self.hist))
-        self._stages.stages.append({
+        self.merge_run(FitRecord(
+            gf.hist, gf.step_sizes, gradient_evaluations=gf.gradient_evaluations,
+            density_evaluations=gf.density_evaluations,
+        ))  # fmt: skip
+        self.own.stages.stages.append({
             "step": 0, "n_particles": len(self.approx.particles),
             "fresh_draws": self.structure.kind, "message": gf.outcome.message,
         })  # fmt: skip
         self._adopt(gf)
-        reason = gf.outcome.reason
-        message = self.end_message(reason)
-        self.record.conclude(fit_outcome(reason, n, len(self.hist), self.fit_options, message))
-        self._give_verdict(reason)
+        self.conclude_run(gf.outcome.reason, n)
+        return gf.outcome.reason
 
-    def _record_run(self, result, n: int) -> None:
-        gf, self._fresh = self._fresh, None
+    def run_ended(self, run: FitRecord) -> None:
+        gf, self.own.fresh = self.own.fresh, None
         if gf is not None:  # its steps follow the particles' in the trace
-            result.free_energies = np.concatenate([result.free_energies, gf.hist])
-            result.step_sizes = np.concatenate([result.step_sizes, gf.step_sizes])
-        super()._record_run(result, n)
+            run.extend(gf.hist, gf.step_sizes, False)
 
     def _hyper_points(self, rng: np.random.Generator, draws: int) -> tuple[np.ndarray, bool]:
         if self.target.minibatch:  # each batch of draws its own minibatch: a noise estimate
@@ -551,12 +556,12 @@ class GPF(FlowInference):
         # the particles: the quadrature F~ itself uses, so the gradient is F~'s exactly
         return self.approx.particles, True
 
-    def _hyperparameters_moved(self) -> None:
-        if self.fit_options.auto and self._line_search:
-            self._auto.reset()  # nothing evaluated at the new hyperparameters yet
-            self.control.restart()
-        else:
-            super()._hyperparameters_moved()
+    def hyperparameters_moved(self) -> bool:
+        if not (self.fit_options.auto and self._line_search):
+            return False
+        self.own.auto.reset()  # nothing evaluated at the new hyperparameters yet
+        self.control.restart()
+        return True
 
     def _grow(self, step_count: int, why: dict) -> bool:
         """Restart from the same Gaussian with twice the particles, if the automatic
@@ -567,10 +572,10 @@ class GPF(FlowInference):
             return False
         if not self._restart_cloud(2 * n):
             return False
-        self._stages.begin(n)
-        self._stages.stages[-1] |= why
+        self.own.stages.begin(n)
+        self.own.stages.stages[-1] |= why
         self.control.restart()
-        self._stages.restart(step_count, 2 * n)
+        self.own.stages.restart(step_count, 2 * n)
         return True
 
     def _restart_cloud(self, n: int) -> bool:
@@ -580,7 +585,7 @@ class GPF(FlowInference):
         cloud = restart_cloud(self.approx.particles, n, self._method_rng)
         if not np.all(np.isfinite(self.approx.log_density(cloud))):
             return False
-        self._auto.restart(cloud)
+        self.own.auto.restart(cloud)
         return True
 
     def _describe(self, reason: str) -> str:
@@ -607,7 +612,7 @@ class GPF(FlowInference):
                 f"step {last['step']}, because with {last['n_particles']} particles the "
                 f"particles' own fixed point was off the Gaussian optimum ({why})"
             )
-        if reason == "converged" and self._stages.cloud_checked:
+        if reason == "converged" and self.own.stages.cloud_checked:
             return (
                 f"{super()._describe(reason)}; a fresh cloud of the same Gaussian found it at "
                 f"a fixed point too (decrement {self.control.last_decrement:.2g})"

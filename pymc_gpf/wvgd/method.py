@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -198,6 +198,14 @@ def _state_shape(name: str, value: np.ndarray) -> tuple:
     return value.shape if name in ("shift", "factor", "log_det") else dynamic_rows(name, value)
 
 
+@dataclass
+class WVGDState:
+    """What WVGD keeps over its fits besides the engine's record (created by
+    ``_initialise``; its fields are updated, the object is kept)."""
+
+    gaussian_verdict: str | None = None  # of the Gaussian fit whose coordinates it runs in
+
+
 class WVGD(FlowInference):
     r"""Wasserstein variational gradient descent (Ambrogioni, Güçlü & van Gerven 2018).
 
@@ -302,6 +310,7 @@ class WVGD(FlowInference):
 
     def _initialise(self) -> WVGDApproximation:
         config, target = self.config, self.target
+        self.own = WVGDState()
         self.resolved = config
         if self.initial_particles is not None:
             particles = check_particles(self.initial_particles, target.dtype, target.labels, "J")
@@ -315,13 +324,13 @@ class WVGD(FlowInference):
         return WVGDApproximation(self, particles, config.spread, self.whitens)
 
     # the verdict of the Gaussian fit whose coordinates this fit runs in (None: none)
-    gaussian_verdict: str | None = None
+    gaussian_verdict = property(lambda self: self.own.gaussian_verdict)
 
     def checkpoint_extra(self) -> dict:
         return {"gaussian_verdict": self.gaussian_verdict}
 
     def load_checkpoint_extra(self, extra: dict) -> None:
-        self.gaussian_verdict = extra.get("gaussian_verdict")
+        self.own.gaussian_verdict = extra.get("gaussian_verdict")
 
     def _before_first_fit(self, options: FitOptions) -> None:
         if self.whitens:
@@ -342,7 +351,7 @@ class WVGD(FlowInference):
         except DivergenceError as err:
             gf = err.approx.inference
         self.record.count(gf.gradient_evaluations, gf.density_evaluations)
-        self.gaussian_verdict = gf.outcome.verdict if gf.outcome is not None else None
+        self.own.gaussian_verdict = gf.outcome.verdict if gf.outcome is not None else None
         mean, factor = gf.approx.gaussian().mean, gf.approx.factor
         if factor.shape[1] != factor.shape[0]:  # GF's low-rank structure: [U, diag(s)]
             factor = np.linalg.cholesky(factor @ factor.T)
