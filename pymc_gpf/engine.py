@@ -103,6 +103,9 @@ class FlowInference(Inference):
     # the pure step functions ``_build_step`` applies, each
     # ``step(state, noise, target, rates, static) -> (State, Info)`` (pymc_gpf.stepgraph)
     steps: ClassVar[tuple[Callable, ...]] = ()
+    # each step's initial state, in the order of ``steps``: a pure NumPy
+    # ``init_<kind>(q, static, dtype) -> State`` next to it in the method's step module
+    inits: ClassVar[tuple[Callable, ...]] = ()
     default_learning_rate: ClassVar[float] = 1e-3
     default_optimizer: ClassVar[str] = "sgd"
     spread_option: ClassVar[str] = "init_scale"  # the option setting the initial spread

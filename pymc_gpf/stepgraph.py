@@ -36,6 +36,8 @@ __all__ = [
     "keep_if",
     "leaves",
     "share",
+    "share_init",
+    "share_moments",
     "share_transform",
     "standard_normal",
     "updates",
@@ -233,15 +235,22 @@ def share_transform(
     transform: Transform, shape: tuple[int, ...], name: str, static: tuple | None = None
 ):
     """The initial state of the optimiser ``transform`` for a direction of ``shape``, held
-    in shared variables named after its fields (``f"{name}_adam_mu"``, ...).
+    in shared variables named after its fields (``f"{name}_adam_mu"``, ...): see
+    :func:`share_moments`."""
+    return share_moments(transform.init(tuple(shape)), name, shape, static)
+
+
+def share_moments(moments, name: str, shape: tuple[int, ...], static: tuple | None = None):
+    """An optimiser's state ``moments`` (NumPy arrays, as its ``init`` gives them) for a
+    direction of ``shape``, held in shared variables named after its fields
+    (``f"{name}_adam_mu"``, ...).
 
     ``static`` is the direction's static shape (default ``shape``): a dimension unknown
     there (e.g. the number of particles, so one compiled graph serves any number) stays
     unknown, except axes the optimiser reduces to length 1, which must be static to
     broadcast."""
     static = tuple(shape) if static is None else static
-    values = transform.init(tuple(shape))
-    names = iter([leaf_name for leaf_name, _ in named_leaves(values, name)])
+    names = iter([leaf_name for leaf_name, _ in named_leaves(moments, name)])
 
     def shared(value):
         known = [
@@ -250,7 +259,26 @@ def share_transform(
         ]
         return pytensor.shared(value, name=next(names), shape=tuple(known))
 
-    return map_state(shared, values)
+    return map_state(shared, moments)
+
+
+def share_init[S: NamedTuple](init: S, held: NamedTuple, shared: dict) -> S:
+    """A step's initial state ``init`` (NumPy, its method's ``init_<kind>``) in shared
+    variables: ``init.q`` (or ``init.particles``), which the fitted approximation holds
+    already, is ``held``; every other field ``f`` is named by ``shared[f]``: a name (an
+    array), or ``(name, shape, static)`` of the direction an optimiser's state belongs to
+    (:func:`share_moments`), or a tuple of those (one optimiser state per block)."""
+
+    def one(value, how):
+        if isinstance(how, str):
+            return pytensor.shared(value, name=how, shape=np.shape(value))
+        if isinstance(how[0], str):
+            return share_moments(value, *how)
+        return tuple(one(v, h) for v, h in zip(value, how, strict=True))
+
+    first = init._fields[0]
+    fields = {first: held} | {f: one(getattr(init, f), how) for f, how in shared.items()}
+    return type(init)(**fields)
 
 
 def _add_state(state: dict[str, SharedVariable], key: str | None, var: SharedVariable) -> None:

@@ -11,7 +11,6 @@ from typing import ClassVar
 
 import numpy as np
 import pymc as pm
-import pytensor
 import pytensor.tensor as pt
 import xarray as xr
 
@@ -33,7 +32,7 @@ from pymc_gpf.gf.parameters import (
 )
 from pymc_gpf.options import AUTO, FitOptions, resolve_natural_mean
 from pymc_gpf.start import initial_centre
-from pymc_gpf.stepgraph import StepGraph, share, share_transform, standard_normal
+from pymc_gpf.stepgraph import StepGraph, share, share_init, standard_normal, values
 from pymc_gpf.structure import Structure, find_locals, parse_structure
 
 __all__ = ["GF", "GFApproximation", "arrow_points", "fit_inside", "model_locals"]
@@ -257,6 +256,7 @@ class GF(FlowInference):
 
     name = "gf"
     steps = (step.fixed_step, step.natural_step)
+    inits = (step.init_fixed, step.init_natural)
     renamed_options: ClassVar[dict[str, str]] = {"n_samples": "draws_per_step"}
     default_learning_rate = 1e-3
     spread_option = "init_scale"
@@ -360,17 +360,14 @@ class GF(FlowInference):
                 options.chain(),
                 [options.chain(particle_axes=(1,) if f.ndim == 2 else ()) for f in q.factor],
             )
-            state = step.FixedState(
-                q,
-                share_transform(transforms[0], q.mean.type.shape, "gf_mean"),
-                tuple(
-                    share_transform(t, f.type.shape, f.name)
-                    for t, f in zip(transforms[1], q.factor, strict=True)
-                ),
-            )
             natural_mean = resolve_natural_mean(self.config.natural_mean, options)
             static = step.GFStatic(
                 self.structure, natural_mean, transforms, options.more_obj_params
+            )
+            init = step.init_fixed(values(q), static, self.target.dtype)
+            moments = [(f.name, f.type.shape) for f in q.factor]
+            state = share_init(
+                init, q, {"mean_moments": ("gf_mean", q.mean.type.shape), "factor_moments": moments}
             )
             new, info = step.fixed_step(
                 state, step.Noise(noise), self.target, self.learning_rates, static
@@ -407,16 +404,15 @@ class GF(FlowInference):
                 points[:, end - f.type.shape[-1] : end]
                 for f, end in zip(q.factor, ends, strict=True)
             ]
-        recorded = pytensor.shared(
-            np.asarray(np.inf, dtype=self.target.dtype), name="gf_free_energy"
-        )
-        state = step.NaturalState(q, recorded)
+        static = step.GFStatic(self.structure)
+        init = step.init_natural(values(q), static, self.target.dtype)
+        state = share_init(init, q, {"free_energy": "gf_free_energy"})
         new, info = step.natural_step(
             state,
             step.Noise(noise, weights),
             self.target,
             self.learning_rates,
-            step.GFStatic(self.structure),
+            static,
         )
         return StepGraph(state, new, info)
 

@@ -41,6 +41,8 @@ __all__ = [
     "NaturalState",
     "Noise",
     "fixed_step",
+    "init_fixed",
+    "init_natural",
     "natural_step",
 ]
 
@@ -87,6 +89,23 @@ class GFStatic(NamedTuple):
     natural_mean: bool = True
     transforms: tuple[Transform, Sequence[Transform]] | None = None
     more_obj_params: Sequence[Variable] = ()
+
+
+def init_fixed(q: GFState, static: GFStatic, dtype: str) -> FixedState:
+    """Eq. 11's initial state at q's current arrays ``q``: the optimisers' own initial
+    states (``static.transforms``) of the mean and of each factor."""
+    mean_transform, factor_transforms = static.transforms
+    return FixedState(
+        q,
+        mean_transform.init(np.shape(q.mean)),
+        tuple(t.init(np.shape(f)) for t, f in zip(factor_transforms, q.factor, strict=True)),
+    )
+
+
+def init_natural(q: GFState, static: GFStatic, dtype: str) -> NaturalState:
+    """The automatic step's initial state at q's arrays ``q``: no step accepted yet (the
+    recorded free energy infinite)."""
+    return NaturalState(q, np.asarray(np.inf, dtype=dtype))
 
 
 def fixed_step(

@@ -7,7 +7,6 @@ from typing import ClassVar
 
 import numpy as np
 import pymc as pm
-import pytensor
 import xarray as xr
 
 from pymc_gpf.approximation import FlowApproximation
@@ -18,7 +17,14 @@ from pymc_gpf.gf import GF, fit_inside
 from pymc_gpf.gf.parameters import MAX_DEFAULT_RANK
 from pymc_gpf.options import FitOptions
 from pymc_gpf.start import initial_centre
-from pymc_gpf.stepgraph import StepGraph, dynamic_rows, share, share_transform, standard_normal
+from pymc_gpf.stepgraph import (
+    StepGraph,
+    dynamic_rows,
+    share,
+    share_init,
+    standard_normal,
+    values,
+)
 from pymc_gpf.verdict import FAMILY_LIMITED, TRUSTWORTHY, Verdict
 from pymc_gpf.wvgd import step
 from pymc_gpf.wvgd.config import WVGDConfig
@@ -257,6 +263,7 @@ class WVGD(FlowInference):
 
     name = "wvgd"
     steps = (step.fixed_step, step.natural_step)
+    inits = (step.init_fixed, step.init_natural)
     renamed_options: ClassVar[dict[str, str]] = {"n_samples": "draws_per_particle"}
     default_learning_rate = 1e-2
     default_optimizer = "adam"
@@ -384,22 +391,19 @@ class WVGD(FlowInference):
         j, d, m = q.particles.shape[0], self.target.ndim, self.config.draws_per_particle
         noise = standard_normal(self.noise_rng, (j, m, d))
         decay = 1.0 - 1.0 / float(self.config.weight_memory)
+        dtype = self.target.dtype
         if options.auto:
-            recorded = pytensor.shared(
-                np.asarray(np.inf, dtype=self.target.dtype), "wvgd_free_energy"
-            )
-            state = step.NaturalState(q, recorded)
             static = step.WVGDStatic(decay)
+            init = step.init_natural(values(q), static, dtype)
+            state = share_init(init, q, {"free_energy": "wvgd_free_energy"})
             new, info = step.natural_step(state, noise, self.target, self.learning_rates, static)
             return StepGraph(state, new, info)
         fields = (q.particles, q.local_means, q.local_log_scales)
         transforms = [options.chain(particle_axes=(0,)) for _ in fields]
-        moments = tuple(
-            share_transform(t, var.get_value(borrow=True).shape, var.name, var.type.shape)
-            for t, var in zip(transforms, fields, strict=True)
-        )
-        state = step.FixedState(q, moments)
         static = step.WVGDStatic(decay, transforms, options.more_obj_params)
+        init = step.init_fixed(values(q), static, dtype)
+        moments = [(v.name, v.get_value(borrow=True).shape, v.type.shape) for v in fields]
+        state = share_init(init, q, {"moments": moments})
         new, info = step.fixed_step(state, noise, self.target, self.learning_rates, static)
         return StepGraph(state, new, info)
 

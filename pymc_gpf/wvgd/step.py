@@ -29,6 +29,8 @@ __all__ = [
     "Whitened",
     "evaluate",
     "fixed_step",
+    "init_fixed",
+    "init_natural",
     "init_state",
     "natural_step",
     "whitened",
@@ -215,6 +217,20 @@ class WVGDStatic(NamedTuple):
     decay: float
     transforms: Sequence[Transform] = ()
     more_obj_params: Sequence[Variable] = ()
+
+
+def init_fixed(q: WVGDState, static: WVGDStatic, dtype: str) -> FixedState:
+    """The fixed step's initial state at q's arrays ``q``: the optimisers' own initial
+    states (``static.transforms``) of the particles, local means and local log-scales."""
+    fields = (q.particles, q.local_means, q.local_log_scales)
+    moments = tuple(t.init(np.shape(v)) for t, v in zip(static.transforms, fields, strict=True))
+    return FixedState(q, moments)
+
+
+def init_natural(q: WVGDState, static: WVGDStatic, dtype: str) -> NaturalState:
+    """The automatic step's initial state at q's arrays ``q``: no step accepted yet (the
+    recorded free energy infinite)."""
+    return NaturalState(q, np.asarray(np.inf, dtype=dtype))
 
 
 def fixed_step(
