@@ -42,8 +42,9 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
 
     def __init__(self, inference: Ensemble, particles: np.ndarray):
         super().__init__(inference)
-        kind = inference.config.kind
-        self.state = share(step.init_state(particles, kind), "ensemble", dynamic_rows)
+        init = step.init_deep if inference.config.kind == "deep" else step.init_langevin
+        state = init(particles, inference.step_static(), particles.dtype)
+        self.state = share(state, "ensemble", dynamic_rows)
         self.shared_particles = self.state.particles
 
     @property
@@ -265,6 +266,7 @@ class Ensemble(FlowInference):
 
     name = "ensemble"
     steps = (step.langevin_step, step.deep_step)
+    inits = (step.init_langevin, step.init_deep)
     start_points = "particles"
 
     def __init__(
@@ -379,18 +381,21 @@ class Ensemble(FlowInference):
     def _build_step(self, options: FitOptions) -> StepGraph:
         config, state = self.config, self.approx.state
         _check_options(options, self.target, config.kind)
+        static = self.step_static()
         if config.kind == "deep":
-            new, info = step.deep_step(
-                state, None, self.target, self.learning_rates, step.EnsembleStatic()
-            )
+            new, info = step.deep_step(state, None, self.target, self.learning_rates, static)
             return StepGraph(state, new, info)
         shape = config.n_particles, self.target.ndim
         noise = _noise(self.noise_rng, shape, self._preconditioned(options))
-        static = step.EnsembleStatic(
-            config.temperature_used, config.repulsion_used, config.bandwidth
-        )
         new, info = step.langevin_step(state, noise, self.target, self.learning_rates, static)
         return StepGraph(state, new, info)
+
+    def step_static(self) -> step.EnsembleStatic:
+        """The settings of the step's graph (a deep ensemble's step has none)."""
+        config = self.config
+        if config.kind == "deep":
+            return step.EnsembleStatic()
+        return step.EnsembleStatic(config.temperature_used, config.repulsion_used, config.bandwidth)
 
     def _preconditioned(self, options: FitOptions) -> bool:
         return self.config.precondition and options.auto

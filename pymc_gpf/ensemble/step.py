@@ -34,7 +34,8 @@ __all__ = [
     "EnsembleStatic",
     "LangevinState",
     "deep_step",
-    "init_state",
+    "init_deep",
+    "init_langevin",
     "langevin_step",
 ]
 
@@ -66,19 +67,6 @@ class DeepState(NamedTuple):
     ready: Variable  # ()
 
 
-def init_state(particles: np.ndarray, kind: str) -> LangevinState | DeepState:
-    """Nothing evaluated yet at ``particles`` (the first step evaluates them)."""
-    n = len(particles)
-    dtype = particles.dtype
-    logp = np.full(n, -np.inf, dtype=dtype)
-    zero = np.zeros((), dtype=dtype)
-    if kind == "deep":
-        return DeepState(particles, logp, np.zeros_like(particles), np.zeros(n, dtype), zero)
-    ones = np.ones(particles.shape[1], dtype)
-    factor = np.zeros((flow.factor_rows(*particles.shape), particles.shape[1]), dtype)
-    return LangevinState(particles, logp, np.zeros_like(particles), zero, ones, factor)
-
-
 def _repulsion(particles: Variable, bandwidth: float | str) -> tuple[Variable, Variable, Variable]:
     """The interaction drift, the kernel matrix and its bandwidth at ``particles``."""
     distances = flow.squared_distances(particles)
@@ -95,6 +83,26 @@ class EnsembleStatic(NamedTuple):
     temperature: float = 0.0
     repulsion: float = 0.0
     bandwidth: float | str = "median"
+
+
+def init_langevin(particles: np.ndarray, static: EnsembleStatic, dtype: str) -> LangevinState:
+    """The Langevin step's state at ``particles``, nothing evaluated yet (the first step
+    evaluates them)."""
+    n, d = particles.shape
+    ones = np.ones(d, dtype)
+    factor = np.zeros((flow.factor_rows(n, d), d), dtype)
+    logp = np.full(n, -np.inf, dtype=dtype)
+    zero = np.zeros((), dtype=dtype)
+    return LangevinState(particles, logp, np.zeros_like(particles), zero, ones, factor)
+
+
+def init_deep(particles: np.ndarray, static: EnsembleStatic, dtype: str) -> DeepState:
+    """The deep ensemble's step's state at ``particles``, nothing evaluated yet (the first
+    step evaluates them)."""
+    n = len(particles)
+    logp = np.full(n, -np.inf, dtype=dtype)
+    zero = np.zeros((), dtype=dtype)
+    return DeepState(particles, logp, np.zeros_like(particles), np.zeros(n, dtype), zero)
 
 
 def langevin_step(

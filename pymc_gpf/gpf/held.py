@@ -10,15 +10,15 @@ from pytensor.graph.basic import Variable
 
 from pymc_gpf.gpf.step import (
     AutoState,
-    FixedState,
     GPFStatic,
     block_ranks,
     fixed_step,
+    init_fixed,
     init_natural,
     natural_step,
 )
 from pymc_gpf.options import FitOptions, resolve_natural_mean
-from pymc_gpf.stepgraph import StepGraph, assign, share, share_transform
+from pymc_gpf.stepgraph import StepGraph, assign, share, share_init
 from pymc_gpf.structure import Structure
 from pymc_gpf.target import BatchedTarget
 
@@ -33,16 +33,16 @@ class AutoStep:
         self.particles, self.structure, self.rng = particles, structure, rng
         value = particles.get_value()
         self.static = self._static(value)
-        natural, search = init_natural(value, structure, rng)
-        d = natural.shift.shape[0]
+        init = init_natural(value, self.static, value.dtype, rng)
+        d = init.natural.shift.shape[0]
 
         def shape(name, value):
             if name == "validation_weights":
                 return (None, None)
             return ((None, d), (d,), ())[2 - value.ndim]
 
-        self.natural = share(natural, "gpf", shape)
-        self.search = None if search is None else share(search, "gpf", shape)
+        self.natural = share(init.natural, "gpf", shape)
+        self.search = None if init.search is None else share(init.search, "gpf", shape)
 
     def _static(self, particles: np.ndarray) -> GPFStatic:
         """The settings of the step's graph: the directions the cloud spans, read here (when
@@ -74,10 +74,10 @@ class AutoStep:
         """Nothing evaluated at the current particles (after they were set from outside)."""
         value = self.particles.get_value()
         self.static = self._static(value)
-        natural, search = init_natural(value, self.structure, self.rng)
-        assign(self.natural, natural)
-        if search is not None:
-            assign(self.search, search)
+        init = init_natural(value, self.static, value.dtype, self.rng)
+        assign(self.natural, init.natural)
+        if init.search is not None:
+            assign(self.search, init.search)
 
 
 def build(
@@ -96,11 +96,6 @@ def build(
         natural = resolve_natural_mean(natural_mean, options)
         shape = particles.get_value(borrow=True).shape
         transforms = (options.chain(), options.chain(particle_axes=(0,)))
-        state = FixedState(
-            particles,
-            share_transform(transforms[0], shape[1:], "gpf_shift"),
-            share_transform(transforms[1], shape, "gpf_linear"),
-        )
         static = GPFStatic(
             structure,
             shape=shape,
@@ -108,6 +103,12 @@ def build(
             transforms=transforms,
             more_obj_params=options.more_obj_params,
         )
+        init = init_fixed(particles.get_value(borrow=True), static, particles.dtype)
+        names = {
+            "shift_moments": ("gpf_shift", shape[1:]),
+            "linear_moments": ("gpf_linear", shape),
+        }
+        state = share_init(init, particles, names)
         new, info = fixed_step(state, None, target, rates, static)
         return StepGraph(state, new, info), None
     resolve_natural_mean(natural_mean, options)  # refuses natural_mean=False here

@@ -211,6 +211,7 @@ class GPF(FlowInference):
 
     name = "gpf"
     steps = (step.fixed_step, step.natural_step)
+    inits = (step.init_fixed, step.init_natural)
     default_learning_rate = 1e-3
     renamed_options: ClassVar[dict[str, str]] = {"jitter": "init_scale"}
 

@@ -44,6 +44,7 @@ __all__ = [
     "NaturalState",
     "SearchState",
     "fixed_step",
+    "init_fixed",
     "init_natural",
     "natural_step",
 ]
@@ -89,26 +90,6 @@ def block_ranks(particles: np.ndarray, structure: Structure) -> list[int]:
         tol = s[0] * max(z.shape) * np.finfo(z.dtype).eps if len(s) else 0.0
         ranks.append(int(np.sum(s > tol)))
     return ranks
-
-
-def init_natural(
-    particles: np.ndarray, structure: Structure, rng: np.random.Generator | None
-) -> tuple[NaturalState, SearchState | None]:
-    """The states of the automatic step at ``particles``, nothing evaluated yet (the first
-    call evaluates them, at step size 0); with ``rng`` (full data) the line search's, its
-    independent cloud drawn from ``rng``."""
-    n, d = particles.shape
-    dtype = particles.dtype
-    inf = np.asarray(np.inf, dtype=dtype)
-    zero = np.zeros((), dtype=dtype)
-    natural = NaturalState(np.zeros(d, dtype=dtype), np.zeros((n, d), dtype=dtype), inf, zero, zero)
-    if rng is None:
-        return natural, None
-    z = particles - particles.mean(axis=0)
-    rank = int(np.sum(block_ranks(particles, structure))) if not structure.diagonal else d
-    weights = matching_cloud(z, 2 * max(rank, 1), rng)
-    search = SearchState(zero, weights.astype(dtype), inf, particles.copy(), inf, inf, zero)
-    return natural, search
 
 
 def _validation(search: SearchState, accepted, trial, centred, free_energy, natural, logp, ndim):
@@ -170,6 +151,34 @@ class GPFStatic(NamedTuple):
     natural_mean: bool = True
     transforms: tuple[Transform, Transform] | None = None
     more_obj_params: Sequence[Variable] = ()
+
+
+def init_fixed(particles: np.ndarray, static: GPFStatic, dtype: str) -> FixedState:
+    """Algorithm 2's initial state at ``particles``: the optimisers' own initial states
+    (``static.transforms``) of the shift ``(D,)`` and of the linear map ``(N, D)``."""
+    shape = np.shape(particles)
+    shift, linear = static.transforms
+    return FixedState(particles, shift.init(shape[1:]), linear.init(shape))
+
+
+def init_natural(
+    particles: np.ndarray, static: GPFStatic, dtype: str, rng: np.random.Generator | None = None
+) -> AutoState:
+    """The automatic step's state at ``particles``, nothing evaluated yet (the first call
+    evaluates them, at step size 0); with ``rng`` (full data) the line search's, its
+    independent cloud drawn from ``rng`` (else ``search`` is ``None``)."""
+    n, d = particles.shape
+    inf = np.asarray(np.inf, dtype=dtype)
+    zero = np.zeros((), dtype=dtype)
+    natural = NaturalState(np.zeros(d, dtype=dtype), np.zeros((n, d), dtype=dtype), inf, zero, zero)
+    if rng is None:
+        return AutoState(particles, natural, None)
+    z = particles - particles.mean(axis=0)
+    structure = static.structure
+    rank = int(np.sum(block_ranks(particles, structure))) if not structure.diagonal else d
+    weights = matching_cloud(z, 2 * max(rank, 1), rng)
+    search = SearchState(zero, weights.astype(dtype), inf, particles.copy(), inf, inf, zero)
+    return AutoState(particles, natural, search)
 
 
 def natural_step(

@@ -25,7 +25,7 @@ def test_the_natural_step_is_newton_on_a_gaussian_target():
     particles = start + antithetic_cloud(2 * d, d, rng) @ np.linalg.cholesky(sigma).T
     shared = pytensor.shared(particles, shape=(None, d))
     structure = Structure("full", d, (np.arange(d),))
-    natural, _ = step.init_natural(particles, structure, None)
+    natural = step.init_natural(particles, step.GPFStatic(structure), particles.dtype).natural
     state = step.NaturalState(*(pytensor.shared(v) for v in natural))
     rate = pytensor.shared(1.0)[()]
     new, info = step.natural_step(
