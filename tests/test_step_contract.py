@@ -6,13 +6,16 @@ keys), the next state (the same ``NamedTuple`` type, each leaf of the same dtype
 compatible static shape) and the step's :class:`~pymc_gpf.stepgraph.Info`; a few compiled
 steps keep every array's shape (GPF changes its number of particles only between stages of
 an automatic fit) and finite values finite; and the step functions themselves are pure, each
-``step(state, noise, target, rates, static) -> (State, Info)`` (issue 28: one signature).
+``step(state, noise, target, rates, static) -> (State, Info)`` (issue 28: one signature),
+each paired with its ``init_<kind>(q, static, dtype) -> State`` (``inits``), which gives the
+state the method holds: the same fields, shapes and dtypes.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 import typing
 
 import numpy as np
@@ -49,9 +52,32 @@ def _compatible(a: tuple, b: tuple) -> bool:
     return all(x is None or y is None or x == y for x, y in zip(a, b, strict=True))
 
 
+def _record_inits(cls, monkeypatch) -> list:
+    """Every state the method's ``inits`` return from now on (each is replaced, wherever the
+    method's package holds it, by a wrapper keeping what it returns)."""
+    package, made = cls.__module__.rpartition(".")[0], []
+
+    def recorder(fn):
+        def init(*args, **kwargs):
+            made.append(fn(*args, **kwargs))
+            return made[-1]
+
+        return init
+
+    for fn in cls.inits:
+        wrapped = recorder(fn)
+        for name, module in list(sys.modules.items()):
+            if name == package or name.startswith(f"{package}."):
+                for attr, value in list(vars(module).items()):
+                    if value is fn:
+                        monkeypatch.setattr(module, attr, wrapped)
+    return made
+
+
 @pytest.mark.parametrize(("method", "inf_kwargs", "fit_kwargs"), small_fits())
 def test_the_step_maps_its_state_to_the_same_state(regression_data, method, inf_kwargs,
-                                                   fit_kwargs):  # fmt: skip
+                                                   fit_kwargs, monkeypatch):  # fmt: skip
+    made = _record_inits(METHODS[method], monkeypatch)
     inference = METHODS[method](model=regression(*regression_data), random_seed=1, **inf_kwargs)
     # the fit keywords as fit() parses them, so the steps compiled here are the fits' own
     # (tests/test_persistence.py fits the same small_fits on the same model: a cache hit)
@@ -85,6 +111,14 @@ def test_the_step_maps_its_state_to_the_same_state(regression_data, method, inf_
     d = inference.target.ndim
     for key in ("points", "positions"):
         assert getattr(info, key).type.shape[-1] in (None, d), key
+
+    # the state is what the step's init gave: the same fields, shapes and dtypes
+    inits = [init for init in made if type(init) is type(state)]
+    assert inits, f"{method}: no init of the method returned its {type(state).__name__}"
+    _assert_same_structure(state, inits[-1], type(state).__name__)
+    for var, value in zip(leaves(state), leaves(inits[-1]), strict=True):
+        held = var.get_value(borrow=True)
+        assert (np.shape(value), np.asarray(value).dtype) == (held.shape, held.dtype), var.name
 
     # the checkpoint holds every leaf of the state, by its name
     for var, _ in pairs:
@@ -140,3 +174,24 @@ def test_every_step_function_has_the_one_signature(method):
         assert info is Info and issubclass(state, tuple) and hasattr(state, "_fields"), fn
         static = signature.parameters["static"].annotation
         assert issubclass(static, tuple) and hasattr(static, "_fields"), (fn, static)
+
+
+INIT_SIGNATURE = ("static", "dtype")  # after q's arrays
+
+
+@pytest.mark.parametrize("method", names())
+def test_every_step_function_has_an_init(method):
+    """Every step a method declares is paired (``inits``, in the order of ``steps``) with a
+    pure NumPy ``init_<kind>(q, static, dtype) -> State`` in the same module: from q's
+    current arrays (GF: its ``GFState``; WVGD: its ``WVGDState``; GPF and the ensembles:
+    the particles), the step's ``static`` and the dtype, the step's whole initial state."""
+    cls = METHODS[method]
+    assert len(cls.inits) == len(cls.steps), f"{cls.__name__}: inits {cls.inits}"
+    for fn, init in zip(cls.steps, cls.inits, strict=True):
+        assert init.__module__ == fn.__module__ and init.__name__.startswith("init_"), init
+        signature = inspect.signature(init, eval_str=True)
+        assert tuple(signature.parameters)[1:3] == INIT_SIGNATURE, (init.__qualname__, signature)
+        state = typing.get_args(inspect.signature(fn, eval_str=True).return_annotation)[0]
+        assert signature.return_annotation is state, (init.__qualname__, state)
+        static = signature.parameters["static"].annotation
+        assert static is inspect.signature(fn, eval_str=True).parameters["static"].annotation
