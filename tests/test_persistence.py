@@ -3,6 +3,8 @@ continues with ``refine`` exactly as an uninterrupted run with the same seed."""
 
 import warnings
 
+from pathlib import Path
+
 import numpy as np
 import pymc as pm
 import pytensor
@@ -86,6 +88,32 @@ def test_a_loaded_fit_continues_exactly(tmp_path, regression_data, method, inf_k
     np.testing.assert_array_equal(saved["fit"]["step_size"].values, part.inference.step_sizes)
     saved.close()
     _assert_same_settings(settings, part.inference.settings())
+
+
+# the same cut fits, saved by an earlier version (tests/data/checkpoints/README.md)
+EARLIER = Path(__file__).parent / "data" / "checkpoints"
+
+
+@pytest.mark.parametrize("method,inf_kwargs,fit_kwargs", CASES)
+def test_a_fit_saved_by_an_earlier_version_continues_as_one_made_now(
+    request, regression_data, method, inf_kwargs, fit_kwargs
+):
+    """A checkpoint written before the steps got one signature and their inits loads (its
+    keys, the state's shared variables' names, are unchanged) and continues as the uncut fit
+    made by this version: the same trace, parameters and outcome (to rounding: the file was
+    written on another machine, maybe)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # automatic fits cut short
+        whole = _fit(regression(*regression_data), 60, method, inf_kwargs, fit_kwargs)
+    loaded = pymc_gpf.load(EARLIER / f"{request.node.callspec.id}.nc",
+                           model=regression(*regression_data))  # fmt: skip
+    cut = len(loaded.hist)
+    assert cut == min(30, len(whole.hist) // 2)
+    loaded.refine(60 - cut)
+    np.testing.assert_allclose(loaded.hist, whole.hist, rtol=1e-9)
+    for x, y in zip(loaded.params, whole.params, strict=True):
+        np.testing.assert_allclose(x.get_value(), y.get_value(), rtol=1e-9, atol=1e-12)
+    assert loaded.outcome.reason == whole.outcome.reason
 
 
 def test_zarr_and_in_memory_round_trips(tmp_path, regression_data):
