@@ -32,7 +32,10 @@ class AutoStep:
     def __init__(self, particles, structure: Structure, rng: np.random.Generator | None):
         self.particles, self.structure, self.rng = particles, structure, rng
         value = particles.get_value()
-        self.static = self._static(value)
+        # the graph's settings: the directions this cloud spans, fixed for the compiled step
+        # (a restarted cloud keeps them, as the step it runs on does)
+        ranks = tuple(block_ranks(value, structure))
+        self.static = GPFStatic(structure, ranks=ranks)
         init = init_natural(value, self.static, value.dtype, rng)
         d = init.natural.shift.shape[0]
 
@@ -43,11 +46,6 @@ class AutoStep:
 
         self.natural = share(init.natural, "gpf", shape)
         self.search = None if init.search is None else share(init.search, "gpf", shape)
-
-    def _static(self, particles: np.ndarray) -> GPFStatic:
-        """The settings of the step's graph: the directions the cloud spans, read here (when
-        the particles are set) rather than while the graph is built."""
-        return GPFStatic(self.structure, ranks=tuple(block_ranks(particles, self.structure)))
 
     def graph(self, rates: tuple[Variable, Variable], target: BatchedTarget) -> StepGraph:
         """The step from the current states (see :func:`natural_step`)."""
@@ -73,7 +71,6 @@ class AutoStep:
     def reset(self) -> None:
         """Nothing evaluated at the current particles (after they were set from outside)."""
         value = self.particles.get_value()
-        self.static = self._static(value)
         init = init_natural(value, self.static, value.dtype, self.rng)
         assign(self.natural, init.natural)
         if init.search is not None:
