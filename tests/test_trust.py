@@ -24,6 +24,7 @@ from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.verdict import (
     FAMILY_LIMITED,
     NOT_CONVERGED,
+    PSIS_DRAWS,
     TRUSTWORTHY,
     ImportanceCheck,
     importance_check,
@@ -81,24 +82,27 @@ def test_the_importance_check_measures_q_against_the_posterior(q_mean, q_sd, wor
 
 
 @pytest.mark.parametrize(
-    ("q_sd", "settled_first"),
+    ("q_sd", "settled_early"),
     [
         (0.6, True),  # k = 0.64, 40 % narrow: off beyond doubt, even with 3x wider errors
         (0.9, False),  # k = 0.19, 10 % narrow: on the tolerance, never settled
     ],
 )
-def test_the_check_adds_draws_until_its_answer_is_settled(q_sd, settled_first):
+def test_the_check_adds_draws_until_its_answer_is_settled(q_sd, settled_early):
     """More draws are added only while they could change the answer. Above k = 1/2 the
     weights' variance is infinite and an estimate's error falls as S^-(1-k), not S^-1/2:
     the check widens its standard errors by S^(k̂-1/2) before calling the answer settled.
     At k = 0.64 the sd error (0.4) is so far above the tolerance that the first batch
-    settles it; an sd error on the tolerance (k = 0.19, no widening) takes all the draws."""
+    settles it, but an inaccurate q gets PSIS-corrected draws by default, decided from
+    ``PSIS_DRAWS`` draws of q (two batches); an sd error on the tolerance (k = 0.19, no
+    widening) takes all the draws."""
     check = importance_check(_Gaussians(0.0, q_sd), np.random.default_rng(0), max_draws=16384)
     first = check.pool.batches[0].size
-    assert (check.pool.size == first) == settled_first
-    assert (check.widening > 1.0) == settled_first  # widened where k̂ > 1/2 only
+    assert first < PSIS_DRAWS
+    assert check.pool.size == (PSIS_DRAWS if settled_early else 16384)
+    assert (check.widening > 1.0) == settled_early  # widened where k̂ > 1/2 only
     assert check.reliable and abs(check.sd_error - (1 - q_sd)) <= 3 * check.sd_error_se
-    assert check.inaccurate == settled_first
+    assert check.inaccurate == settled_early
 
 
 # ---------------------------------------------------------- fits, start to verdict
