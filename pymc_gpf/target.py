@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import warnings
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -550,7 +550,7 @@ class BatchedTarget(_FlatLayout):
         minibatches, whose generators are each fit's own (their states are saved with it)."""
         return not self._rngs
 
-    def remember(self, key: str, build: Callable[[], Any]) -> Any:
+    def remember(self, key: Hashable, build: Callable[[], Any]) -> Any:
         """``build()``, once per state of the model: kept with this target's graphs and
         shared by the targets of later fits (:func:`batched_target`)."""
         if key not in self._memo:

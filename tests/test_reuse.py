@@ -33,6 +33,11 @@ def _fit(model: pm.Model, seed: int = 3):
     return pm.fit(method="gf", model=model, random_seed=seed, progressbar=False)
 
 
+def _log_density_function(approx):
+    [fn] = [fn for key, fn in approx._compiled.items() if key[0] == "logp"]
+    return fn
+
+
 def _forget() -> None:
     reuse._KEPT.clear()
     target._TARGETS.clear()
@@ -47,9 +52,15 @@ def test_a_second_fit_reuses_the_first_s_functions_and_gives_a_fresh_compile_s_n
     first = _fit(model)
     kept = list(reuse._KEPT)
     again = _fit(model)
-    assert [k.fn for k in reuse._KEPT] == [k.fn for k in kept]  # nothing compiled anew
+    assert {id(k.fn) for k in reuse._KEPT} == {id(k.fn) for k in kept}  # nothing compiled anew
     assert again.inference.target is not first.inference.target  # a copy of its own
     np.testing.assert_array_equal(again.hist, first.hist)
+    # the verdict's log-density, compiled once for the model
+    assert _log_density_function(again) is _log_density_function(first)
+    timings = ("seconds",)
+    assert {k: v for k, v in again.outcome.checks.items() if k not in timings} == {
+        k: v for k, v in first.outcome.checks.items() if k not in timings
+    }
     _forget()
     fresh = _fit(model)
     np.testing.assert_array_equal(fresh.hist, first.hist)
@@ -68,7 +79,11 @@ def test_a_reused_fit_reads_the_model_s_current_data(model):
     with model:
         pm.set_data({"x": x_new})
     try:
-        q = _fit(model, seed=4).gaussian()
+        approx = _fit(model, seed=4)
+        # its verdict's log-density (kept from the first fit) reads the new data too: with
+        # the old, q would be far off it
+        assert approx.outcome.verdict == "trustworthy"
+        q = approx.gaussian()
         mean, sd = _exact(x_new, Y)
         np.testing.assert_allclose(q.mean, mean, atol=0.03 * sd.min())
         np.testing.assert_allclose(np.sqrt(q.marginal_variances()), sd, rtol=0.03)
