@@ -1,7 +1,9 @@
 """When a fit stops, and the step-size schedule of stochastic fits: plain Python between steps.
 
-Each fit has one controller; after every step the engine hands it the free energy and the
-step's ``info`` (with the fields of q the controller ``reads``) and it answers with a
+Each fit has one controller: its settings, a frozen dataclass (:class:`Control`), and its
+state, an immutable ``NamedTuple`` the engine keeps (:meth:`Control.init`). After every step
+the engine hands ``observe`` that state, the free energy and the step's ``info`` (with the
+fields of q the controller ``reads``), and it answers with the next state and a
 :class:`Decision`: a stop code or ``None``, and what the engine is to change (q's
 parameters, ...); it never acts on the fit itself. The codes and what they mean are
 :data:`REASONS`. The rules:
@@ -39,14 +41,15 @@ from __future__ import annotations
 import math
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
 __all__ = [
-    "REASONS", "Control", "Decision", "Deterministic", "FixedSteps", "Outcome", "Saved",
-    "Stochastic",
+    "REASONS", "Control", "Decision", "Deterministic", "DeterministicState", "FixedSteps",
+    "FixedStepsState", "Outcome", "RunningAverage", "Saved", "Series", "Stochastic",
+    "StochasticState", "control_checkpoint", "restore_control",
 ]  # fmt: skip
 
 REASONS = {
@@ -93,8 +96,9 @@ class Decision(NamedTuple):
     code (:data:`REASONS`) or ``None`` to go on; ``params``, q's parameters to set (the
     average a stochastic fit ends on); ``preconditioner``, an ensemble's ``(diagonal,
     factor)`` to set; ``restart``, ``(particles, sources)`` index arrays: an ensemble's
-    particles that take the state of others. The step size is the controller's ``rate``,
-    which the engine writes after every decision."""
+    particles that take the state of others. The step size is in the controller's state
+    (:meth:`Control.rate`), which the engine writes into the compiled step after every
+    decision."""
 
     stop: str | None = None
     params: list[np.ndarray] | None = None
@@ -139,9 +143,11 @@ class Outcome:
 
 
 class Saved:
-    """An object whose attributes are its state, so that a saved fit continues exactly:
-    :meth:`state` writes them as JSON (:func:`_to_json`); :meth:`load` restores them, with
-    equal values and dtypes, loading nested saved objects in place."""
+    """An object whose attributes are its state, so that a saved fit continues exactly
+    (θ's search, :class:`pymc_gpf.hyper.HyperSearch`; a controller's state is a value
+    instead, :func:`control_checkpoint`): :meth:`state` writes them as JSON
+    (:func:`_to_json`); :meth:`load` restores them, with equal values and dtypes, loading
+    nested saved objects in place."""
 
     # per class: the attributes a checkpoint holds; an undeclared one is an error when
     # saving, so a new one cannot change the checkpoint format unnoticed
@@ -172,86 +178,144 @@ class Saved:
                 setattr(self, key, _from_json(value))
 
 
-class Control(Saved):
-    """Base controller: never stops by itself. A controller that sets the step size holds
-    it in ``rate``, the one place it lives: the engine writes it into the compiled step
-    after every decision (``None``: the step size is not the controller's). ``reads``
-    names the fields of q it needs in ``info`` beyond the step's own (e.g. ``"params"``),
-    which the engine adds (:meth:`pymc_gpf.engine.FlowInference.observation`)."""
+class Stateless(NamedTuple):
+    """The state of a controller that keeps none (:class:`Control`)."""
 
-    saved = ("tol",)
 
-    kind = "fixed"
-    rate: float | None = None
-    reads: ClassVar[tuple[str, ...]] = ()
+@dataclass(frozen=True)
+class Control:
+    """A controller's settings; the base never stops by itself. What changes during a fit is
+    its state, an immutable ``NamedTuple``: :meth:`init` makes the first, and
+    :meth:`observe`, :meth:`conclude`, :meth:`finish` and :meth:`resume` each return the
+    next one with their answer; the engine keeps the current one and replaces it with what
+    they return. A controller that sets the step size holds it in its state, the one place
+    it lives: :meth:`rate` reads it, and the engine writes it into the compiled step after
+    every decision (``None``: the step size is not the controller's). :meth:`reads` names
+    the fields of q it needs in ``info`` beyond the step's own (e.g. ``"params"``), which
+    the engine adds (:meth:`pymc_gpf.engine.FlowInference.observation`)."""
 
-    def __init__(self, tol: float | None):
-        self.tol = tol
+    tol: float | None = None
 
-    def observe(self, free_energy: float, info: dict[str, Any]) -> Decision:
-        return GO_ON
+    kind: ClassVar[str] = "fixed"
 
-    def describe(self, reason: str) -> str:
+    def init(self) -> NamedTuple:
+        """The state before the first step."""
+        return Stateless()
+
+    def observe(
+        self, state: NamedTuple, free_energy: float, info: dict[str, Any]
+    ) -> tuple[NamedTuple, Decision]:
+        """The next state and the decision on a step that gave ``free_energy`` and ``info``."""
+        return state, GO_ON
+
+    def rate(self, state: NamedTuple) -> float | None:
+        """The step size the controller sets (``None``: not the controller's)."""
+        return None
+
+    def reads(self, state: NamedTuple) -> tuple[str, ...]:
+        """The fields of q the next decision reads in ``info`` beyond the step's own."""
+        return ()
+
+    def describe(self, state: NamedTuple, reason: str) -> str:
         return REASONS.get(reason, reason)
 
-    def progress(self) -> str:
+    def progress(self, state: NamedTuple) -> str:
         """Where the stop test stands, for the progress line (``""``: nothing to add)."""
         return ""
 
-    def conclude(self, reason: str) -> str:
+    def conclude(self, state: NamedTuple, reason: str) -> tuple[NamedTuple, str]:
         """The reason the fit ends with, given the loop's (e.g. a last test at the step
         limit)."""
-        return reason
+        return state, reason
 
-    def finish(self, reason: str, info: dict[str, Any]) -> Decision:
+    def finish(
+        self, state: NamedTuple, reason: str, info: dict[str, Any]
+    ) -> tuple[NamedTuple, Decision]:
         """The fit stops for ``reason`` (e.g. the step limit), ``info`` the fields it
         ``reads``: a last decision."""
-        return GO_ON
+        return state, GO_ON
 
-    def resume(self) -> Decision:
+    def resume(self, state: NamedTuple) -> tuple[NamedTuple, Decision]:
         """The fit continues (``refine``): undo what :meth:`finish` decided."""
-        return GO_ON
+        return state, GO_ON
+
+    def restored(self, saved: dict[str, Any]) -> NamedTuple:
+        """The state from a checkpoint's fields (:func:`restore_control`), over
+        :meth:`init`'s: a controller with nested state types rebuilds them here."""
+        return self.init()._replace(**saved)
 
 
+def control_checkpoint(control: Control, state: NamedTuple) -> dict[str, Any]:
+    """What a checkpoint holds of a controller: its settings and its state's fields, by name,
+    as JSON-able data (:func:`_to_json`)."""
+    saved = asdict(control) | state._asdict()
+    return {key: _to_json(value) for key, value in sorted(saved.items())}
+
+
+def restore_control(control: Control, saved: dict[str, Any]) -> tuple[Control, NamedTuple]:
+    """The controller and its state from what :func:`control_checkpoint` wrote (settings it
+    does not hold keep ``control``'s). An earlier version's checkpoint loads too: it saved
+    the controller's attributes under the same names, the private ones with a leading
+    underscore."""
+    saved = {key.lstrip("_"): _from_json(value) for key, value in saved.items()}
+    settings = {f.name: saved.pop(f.name) for f in fields(control) if f.name in saved}
+    control = replace(control, **settings)
+    return control, control.restored(saved)
+
+
+class FixedStepsState(NamedTuple):
+    """:class:`FixedSteps`' free energies of the current window and the previous window's
+    mean and the variance of that mean."""
+
+    values: tuple[float, ...] = ()
+    previous: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
 class FixedSteps(Control):
     """A fixed step size: ``n`` steps, or the trace test of :class:`Stochastic` with ``tol``."""
 
-    saved = ("previous", "values", "window")
+    window: int = 100
 
-    def __init__(self, tol: float | None, window: int = 100):
-        super().__init__(tol)
-        self.window = window
-        self.values: list[float] = []
-        self.previous: list[float] | None = None
+    def init(self) -> FixedStepsState:
+        return FixedStepsState()
 
-    def observe(self, free_energy, info):
-        return Decision(self._test(free_energy))
-
-    def _test(self, free_energy: float) -> str | None:
+    def observe(self, state, free_energy, info):
         if self.tol is None:
-            return None
-        self.values.append(float(free_energy))
-        if len(self.values) < self.window:
-            return None
-        current, self.values = self.values, []
-        previous, self.previous = self.previous, [_mean(current), _var_of_mean(current)]
+            return state, GO_ON
+        values = (*state.values, float(free_energy))
+        if len(values) < self.window:
+            return state._replace(values=values), GO_ON
+        previous, current = state.previous, (_mean(values), _var_of_mean(values))
+        state = FixedStepsState((), current)
         if previous is None:
-            return None
-        drop = previous[0] - self.previous[0]
-        noise = math.sqrt(previous[1] + self.previous[1])
+            return state, GO_ON
+        drop = previous[0] - current[0]
+        noise = math.sqrt(previous[1] + current[1])
         if drop <= Z_ONE_SIDED_5 * noise and drop < self.tol**2:
-            return "converged"
-        return None
+            return state, Decision("converged")
+        return state, GO_ON
 
-    def describe(self, reason):
+    def describe(self, state, reason):
         if reason == "converged":
             return (
                 f"converged: over the last {self.window} steps the free energy fell by less "
                 f"than tol^2 = {self.tol**2:.3g} nats"
             )
-        return super().describe(reason)
+        return super().describe(state, reason)
 
 
+class DeterministicState(NamedTuple):
+    """:class:`Deterministic`'s decrements of the last accepted steps (at most ``window``),
+    the last one, and whether the method restored a state the next accepted evaluation
+    tests (:meth:`Deterministic.verify`)."""
+
+    decrements: tuple[float, ...] = ()
+    last_decrement: float = float("inf")
+    verifying: bool = False
+
+
+@dataclass(frozen=True)
 class Deterministic(Control):
     """Backtracking fits: the decrement test, and early stopping that must pass it too.
 
@@ -268,47 +332,44 @@ class Deterministic(Control):
       (converged instead if the last decrement was already below ``tol**2``).
     """
 
-    saved = ("decrements", "last_decrement", "min_step", "patience", "verifying", "window")
+    window: int = 3
+    patience: int = 10
+    min_step: float = 1e-12
 
-    kind = "deterministic"
+    kind: ClassVar[str] = "deterministic"
 
-    def __init__(self, tol: float, window: int = 3, patience: int = 10, min_step: float = 1e-12):
-        super().__init__(tol)
-        self.window, self.patience, self.min_step = window, patience, min_step
-        self.decrements: list[float] = []
-        self.last_decrement = float("inf")
-        self.verifying = False  # the best state was restored: the next evaluation tests it
+    def init(self) -> DeterministicState:
+        return DeterministicState()
 
-    def observe(self, free_energy, info):
-        return Decision(self._test(info))
-
-    def _test(self, info: dict[str, Any]) -> str | None:
+    def observe(self, state, free_energy, info):
+        decrements, last = state.decrements, state.last_decrement
         if info["accepted"]:
-            self.last_decrement = float(info["decrement"])
-            if self.verifying:
-                self.verifying = False
-                return "converged" if self.last_decrement < self.tol**2 else "unverified"
-            self.decrements = [*self.decrements[-(self.window - 1) :], self.last_decrement]
-            if len(self.decrements) == self.window and max(self.decrements) < self.tol**2:
-                return "converged"
-        near = self.last_decrement < NEAR and math.isfinite(info.get("best_validation", 0.0))
+            last = float(info["decrement"])
+            if state.verifying:
+                state = state._replace(last_decrement=last, verifying=False)
+                return state, Decision("converged" if last < self.tol**2 else "unverified")
+            decrements = (*decrements[-(self.window - 1) :], last)
+        state = state._replace(decrements=decrements, last_decrement=last)
+        if info["accepted"] and len(decrements) == self.window and max(decrements) < self.tol**2:
+            return state, Decision("converged")
+        near = last < NEAR and math.isfinite(info.get("best_validation", 0.0))
         if near and info.get("since_best", 0) >= self.patience:
-            return "overfitting"
+            return state, Decision("overfitting")
         if not info["accepted"] and info["step_size"] < self.min_step:
-            return "converged" if self.last_decrement < self.tol**2 else "stalled"
-        return None
+            return state, Decision("converged" if last < self.tol**2 else "stalled")
+        return state, GO_ON
 
-    def verify(self) -> None:
+    @staticmethod
+    def verify(state: DeterministicState) -> DeterministicState:
         """The method restored a state: the next accepted evaluation decides."""
-        self.verifying = True
-        self.decrements = []
+        return state._replace(decrements=(), verifying=True)
 
-    def restart(self) -> None:
-        self.decrements = []
-        self.last_decrement = float("inf")
-        self.verifying = False
+    @staticmethod
+    def restart(state: DeterministicState) -> DeterministicState:
+        """The method restarted its cloud: nothing it evaluated before counts."""
+        return DeterministicState()
 
-    def describe(self, reason):
+    def describe(self, state, reason):
         if reason == "converged":
             return (
                 f"converged: the natural-gradient decrement stayed below tol^2 = "
@@ -320,7 +381,7 @@ class Deterministic(Control):
                 f"finite-N bias: the free energy of an independent cloud of the same Gaussian "
                 f"stopped improving while the particles' own kept falling (they had begun to "
                 f"fit their own positions), and where it was lowest q is not at the fixed "
-                f"point (natural-gradient decrement {self.last_decrement:.2g} > tol^2 = "
+                f"point (natural-gradient decrement {state.last_decrement:.2g} > tol^2 = "
                 f"{self.tol**2:.3g}); q is that state, nearer the Gaussian optimum than the "
                 "particles' own fixed point. More particles shrink the bias; method='gf' (fresh "
                 "draws every step) has none"
@@ -328,289 +389,76 @@ class Deterministic(Control):
         if reason == "stalled":
             return (
                 f"stalled: no step size down to {self.min_step:g} lowered the free energy "
-                f"(natural-gradient decrement {self.last_decrement:.2g} > tol^2); the "
+                f"(natural-gradient decrement {state.last_decrement:.2g} > tol^2); the "
                 "log-density may be non-smooth or not finite near q"
             )
-        return super().describe(reason)
+        return super().describe(state, reason)
 
 
-class Stochastic(Control):
-    """Noisy objectives: windowed plateau test, step halving, Polyak-Ruppert averaging.
+@dataclass(frozen=True)
+class Series:
+    """An append-only sequence as an immutable value: the first ``length`` items of a list
+    that later values may extend but never change. :meth:`add` copies nothing unless this
+    value was added to before (then it copies its items first), so a log that grows by an
+    item every step (a stochastic fit's window, up to 40 000 steps at the smallest step
+    size; an ensemble's draws and trace) costs O(1) per step, where a tuple's copy would
+    cost O(steps): 0.5 ms a step at 100 000 steps."""
 
-    It reads q's ``location`` and ``scale`` now (e.g. its mean and sds) and the ``params``
-    to average; the average the fit ends on is its decision's ``params``; the step size is
-    ``rate``.
+    buffer: list = field(default_factory=list)
+    length: int = 0
 
-    Two phases. *Adapting*: at each plateau of the trace the step is halved, until it is at
-    most ``max_average_rate`` and the iterates' step-to-step spread is below ``max_spread``
-    of q's sds. *Averaging*: the step stays fixed and every iterate enters a running average
-    (:class:`_Average`); its Monte Carlo error is the iterates' pooled variance times their
-    correlation time over their number (after at least four windows and ``span`` correlation
-    times): per coordinate the larger of what the step implies, ``(2 - rate) / rate``, and
-    the one measured from the iterates' lag-one autocorrelation (``measured``). Once that
-    error is below ``tol`` the average is compared with the one at twice the step: the fit ends
-    when they agree (every coordinate within ``tol`` plus ``margin`` sds of their difference),
-    else the step halves and the fit averages afresh. A trace that starts falling again
-    restarts the average. A window (at a step of at most ``max_average_rate``) whose
-    iterates all lie within about ``tol`` of their average ends the fit at once, on that
-    average, unless the windows' averages are still
-    on the move (:meth:`_drifting`).
+    @classmethod
+    def of(cls, items: Sequence) -> Series:
+        return cls(list(items), len(items))
 
-    The average of constant-step iterates is biased by O(step) (Dieuleveut, Durmus & Bach,
-    2020), by an amount no fixed step bounds on every target: GF's average at rate 1/2 sat
-    0.01 of q's sds from the exact Gaussian optimum on a latent GP posterior and 0.09 on a
-    log-Gamma(1/2) one (0.01 at rate 1/8). With bias ``c * rate``, the gap between the
-    averages at ``2 rate`` and ``rate`` is ``c * rate``, the bias that remains: so the
-    comparison ends a fit only once that is within ``tol``. There is no average and no stop
-    above ``max_average_rate`` (a full natural step is where the bias is largest), nor on one
-    window's average, whose error estimate from a few correlated steps is too rough to end a
-    fit on (unless the iterates themselves hardly move).
-    """
+    def add(self, item: Any) -> Series:
+        """This sequence and ``item``."""
+        buffer = self.buffer if len(self.buffer) == self.length else self.buffer[: self.length]
+        buffer.append(item)
+        return Series(buffer, self.length + 1)
 
-    saved = (
-        "_average", "_coarse", "_last_iterate", "_locations", "_scale", "_values",
-        "_window_means", "_window_sums", "averaging", "max_average_rate",
-        "margin", "max_rejections", "max_spread", "measured", "min_rate", "min_window",
-        "min_windows", "previous", "rate", "rejections", "span",
-    )  # fmt: skip
+    def items(self) -> list:
+        """The items, as a new list."""
+        return self.buffer[: self.length]
 
-    kind = "stochastic"
-    reads = ("location", "scale", "params")
-
-    def __init__(
-        self,
-        tol: float,
-        *,
-        rate: float = 1.0,
-        min_window: int = 20,
-        min_rate: float = 1e-4,
-        max_spread: float = 0.5,
-        max_average_rate: float = 0.5,
-        min_windows: int = 4,
-        max_rejections: int = 30,
-        measured: bool = True,
-        span: float = SPAN,
-        margin: float = Z_BIAS,
-    ):
-        super().__init__(tol)
-        self.measured, self.span, self.margin = measured, span, margin
-        self.rate, self.min_window, self.min_rate = rate, min_window, min_rate
-        self.max_spread, self.min_windows = max_spread, min_windows
-        self.max_average_rate = max_average_rate
-        self.max_rejections = max_rejections
-        self.rejections = 0
-        self.averaging = False
-        self.previous: list[float] | None = None
-        self._scale = np.ones(1)  # q's sds at the last step: the unit of the errors
-        self._last_iterate: list[np.ndarray] | None = None  # what finish replaced, for resume
-        self._average = _Average()
-        # the settled average at twice the step: q's location and its Monte Carlo errors
-        self._coarse: list[np.ndarray] | None = None
-        # q's mean location in the last windows and its noise, (2, ...) each
-        self._window_means: list[np.ndarray] = []
-        self._clear_window()
-
-    @property
-    def window_length(self) -> int:
-        return max(self.min_window, math.ceil(4.0 / self.rate))
-
-    @property
-    def correlation_time(self) -> float:
-        """Integrated autocorrelation time of the iterates: a natural step of size ``rate``
-        contracts the distance to the fixed point by ``1 - rate``, an AR(1) process (a
-        lower bound: slower modes show in :meth:`_Average.correlation_times`)."""
-        return (2.0 - min(self.rate, 1.0)) / self.rate
-
-    def _clear_window(self) -> None:
-        self._values: list[float] = []
-        self._locations: list[np.ndarray] = []
-        self._window_sums: list[np.ndarray] | None = None
-
-    def observe(self, free_energy, info):
-        if not info["accepted"]:
-            # a non-finite step was refused by the method (state kept): smaller steps
-            self.rejections += 1
-            self._new_rate(self.rate / 4)
-            if self.rejections >= self.max_rejections or self.rate < self.min_rate:
-                return Decision("stalled")
-            return GO_ON
-        self.rejections = 0
-        self._scale = np.maximum(np.asarray(info["scale"], dtype=float), 1e-300)
-        self._values.append(float(free_energy))
-        self._locations.append(np.array(info["location"], dtype=float))
-        params = [np.asarray(p, dtype=float) for p in info["params"]]
-        self._window_sums = _add(self._window_sums, params)
-        if self.averaging:
-            self._average.add(params)
-        if len(self._values) < self.window_length:
-            return GO_ON
-        return self._end_of_window()
-
-    def _end_of_window(self) -> Decision:
-        stats = [_mean(self._values), _var_of_mean(self._values)]
-        previous, self.previous = self.previous, stats
-        z = Z_ONE_SIDED_005 if self.averaging else Z_ONE_SIDED_5
-        falling = previous is None or previous[0] - stats[0] > z * math.sqrt(previous[1] + stats[1])
-        locations = np.asarray(self._locations)
-        sds = np.std(locations, axis=0, ddof=1)
-        noise = sds * math.sqrt(self.correlation_time / len(locations))  # the mean's sd
-        drifting = self._drifting(locations.mean(axis=0), noise)
-        if self.averaging:
-            if falling:  # not stationary after all: average afresh from here, and
-                # compare with no average of an earlier q
-                self._average, self._coarse = _Average(), None
-            else:
-                self._average.add_window(locations)
-                if self._average.windows >= self.min_windows and self._average_error() < self.tol:
-                    return self._settled()
-        elif not falling:
-            spread = float(np.max(sds / self._scale))
-            small_step = self.rate <= self.max_average_rate
-            quiet = small_step and spread < self.tol
-            if quiet and drifting is False:
-                # every iterate of the window within about tol of its average, and the
-                # windows' averages no longer moving: the average is that precise whatever
-                # their correlation (e.g. GF on a Gaussian target)
-                return self._stop(self._window_sums, len(locations), "converged")
-            if quiet and drifting is None:
-                pass  # quiet, but its drift at this step size is not known yet: one more window
-            elif small_step and spread < self.max_spread:
-                self.averaging = True
-                self._average = _Average()
-            else:
-                sums = self._window_sums  # the new rate clears the window
-                self._new_rate(self.rate / 2)
-                if self.rate < self.min_rate:
-                    return self._stop(sums, len(locations), "floor")
-        self._clear_window()
-        return GO_ON
-
-    def _drifting(self, mean: np.ndarray, noise: np.ndarray | None = None) -> bool | None:
-        """Whether the windows' mean locations are still on the move: the last window's
-        moved ``d1`` (in q's sds) from the one before, which had moved ``d0``; a drift
-        contracting by ``r = d1 / d0`` per window has ``d1 r / (1 - r)`` left to go. On the
-        move unless both ``d1`` and that are below ``tol`` (or ``d1`` is below
-        ``AT_REST * tol``: at rest, or neither move exceeded ``Z_MOVE`` sds of the windows'
-        own noise in any coordinate, ``noise`` the sd of each window's mean: the ratio of two
-        such moves is noise's); ``None``, not known yet, after one window and after two
-        whose means differ by less than ``tol`` but more than at rest. A slow drift passes
-        the spread test: WVGD's two particles on N(0, 1) ended 0.07 sds from the Lloyd-Max
-        points when the last window's iterates spread by 0.027 sds while its mean had moved
-        by 0.058. Only windows at the current step size count (:meth:`_new_rate` clears
-        them)."""
-        noise = np.zeros_like(mean) if noise is None else noise
-        history = self._window_means
-        self._window_means = [*history[-1:], np.stack([mean, noise])]
-        if not history:
-            return None
-        d1 = float(np.max(np.abs(mean - history[-1][0]) / self._scale))
-        if d1 <= AT_REST * self.tol:  # round-off (GF on a Gaussian target moves by 1e-13)
-            return False
-        if d1 >= self.tol:
-            return True
-        if len(history) < 2:
-            return None
-        if not (_moved(self._window_means[-1], history[-1]) or _moved(*history)):
-            return False
-        d0 = float(np.max(np.abs(history[-1][0] - history[-2][0]) / self._scale))
-        r = d1 / d0 if d0 > 0 else math.inf
-        return r >= 1 or d1 * r / (1 - r) >= self.tol
-
-    def _settled(self) -> Decision:
-        """The average is precise to ``tol``: stop on it if it agrees with the settled average
-        at twice the step, else halve the step and average afresh."""
-        location = self._average.location()
-        errors = self._average.errors(self.correlation_time, self._scale, self.measured)
-        coarse, self._coarse = self._coarse, [location, errors]
-        if coarse is not None:
-            gap = np.abs(location - coarse[0]) / self._scale
-            if np.all(gap <= self.tol + self.margin * np.hypot(errors, coarse[1])):
-                return self._stop(self._average.sums, self._average.count, "converged")
-        if self.rate / 2 < self.min_rate:
-            return self._stop(self._average.sums, self._average.count, "floor")
-        self.averaging = False
-        self._average = _Average()
-        self._new_rate(self.rate / 2)
-        return GO_ON
-
-    def _stop(self, sums: list[np.ndarray], count: int, reason: str) -> Decision:
-        """Stop for ``reason`` with q set to the average ``sums / count``
-        (Polyak-Ruppert)."""
-        self._clear_window()
-        return Decision(reason, params=[s / count for s in sums])
-
-    def _average_error(self) -> float:
-        return self._average.error(
-            self.correlation_time, self._scale, self.tol, self.measured, self.span
-        )
-
-    def progress(self) -> str:
-        if self.tol is None:
-            return ""
-        if not self.averaging:
-            return f"plateau test on windows of {self.window_length} steps"
-        error = self._average_error()
-        if not math.isfinite(error):
-            return "averaging"
-        return f"averaging, error {error:.2g} (tol {self.tol:g})"
-
-    def _new_rate(self, rate: float) -> None:
-        self.rate = rate
-        self._clear_window()
-        # a drift measured at another step size says nothing of the drift at this one
-        self._window_means = []
-
-    def finish(self, reason, info):
-        if reason == "max_steps" and self.averaging and self._average.count:
-            # the running average is the better estimate; refine resumes from the iterate
-            self._last_iterate = [np.array(p) for p in info["params"]]
-            return Decision(params=[s / self._average.count for s in self._average.sums])
-        return GO_ON
-
-    def resume(self):
-        iterate, self._last_iterate = self._last_iterate, None
-        return GO_ON if iterate is None else Decision(params=iterate)
-
-    def describe(self, reason):
-        return _stochastic_message(self, reason) or super().describe(reason)
+    def __len__(self) -> int:
+        return self.length
 
 
-class _Average(Saved):
+class RunningAverage(NamedTuple):
     """The running (Polyak-Ruppert) average of a stochastic fit's parameters while it
     averages, and the moments of q's location over its whole windows, for the average's
     Monte Carlo error: their mean, variance and lag-one autocorrelation."""
 
-    saved = (
-        "count", "lagged", "last", "located", "location_squares", "location_sum", "origin",
-        "sums", "windows",
-    )  # fmt: skip
+    sums: tuple[np.ndarray, ...] | None = None
+    count: int = 0
+    windows: int = 0
+    location_sum: float | np.ndarray = 0.0
+    location_squares: float | np.ndarray = 0.0
+    lagged: float | np.ndarray = 0.0
+    last: np.ndarray | None = None  # the last location added, for the lag products
+    # the first location: the moments are of the differences from it (no cancellation)
+    origin: np.ndarray | None = None
+    located: int = 0
 
-    def __init__(self):
-        self.sums: list[np.ndarray] | None = None
-        self.count = 0
-        self.windows = 0
-        self.location_sum = self.location_squares = self.lagged = 0.0
-        self.last: np.ndarray | None = None  # the last location added, for the lag products
-        # the first location: the moments are of the differences from it (no cancellation)
-        self.origin: np.ndarray | None = None
-        self.located = 0
+    def add(self, params: list[np.ndarray]) -> RunningAverage:
+        return self._replace(sums=_add(self.sums, params), count=self.count + 1)
 
-    def add(self, params: list[np.ndarray]) -> None:
-        self.sums, self.count = _add(self.sums, params), self.count + 1
-
-    def add_window(self, locations: np.ndarray) -> None:
+    def add_window(self, locations: np.ndarray) -> RunningAverage:
         """A window of q's locations ``(steps, ...)`` that passed the plateau test (the
         windows of one average are consecutive)."""
-        self.windows += 1
-        if self.origin is None:
-            self.origin = np.array(locations[0])
-        locations = locations - self.origin
+        origin = np.array(locations[0]) if self.origin is None else self.origin
+        locations = locations - origin
         chain = locations if self.last is None else np.concatenate([self.last[None], locations])
-        self.lagged = self.lagged + np.sum(chain[1:] * chain[:-1], axis=0)
-        self.last = np.array(locations[-1])
-        self.location_sum = self.location_sum + locations.sum(axis=0)
-        self.location_squares = self.location_squares + np.square(locations).sum(axis=0)
-        self.located += len(locations)
+        return self._replace(
+            windows=self.windows + 1,
+            origin=origin,
+            lagged=self.lagged + np.sum(chain[1:] * chain[:-1], axis=0),
+            last=np.array(locations[-1]),
+            location_sum=self.location_sum + locations.sum(axis=0),
+            location_squares=self.location_squares + np.square(locations).sum(axis=0),
+            located=self.located + len(locations),
+        )
 
     def location(self) -> np.ndarray:
         """q's average location over the whole windows."""
@@ -669,38 +517,295 @@ class _Average(Saved):
         return float(np.max(np.sqrt(variances * taus / n) / scale))
 
 
-def _stochastic_message(control: Stochastic, reason: str) -> str | None:
+class StochasticState(NamedTuple):
+    """:class:`Stochastic`'s state: the step size and the schedule's phase, the current
+    window's free energies, q's locations and the sum of its parameters, and what the tests
+    remember of earlier windows."""
+
+    rate: float  # the step size
+    values: Series  # the window's free energies
+    locations: Series  # the window's locations of q
+    rejections: int = 0  # non-finite steps in a row
+    averaging: bool = False
+    previous: tuple[float, float] | None = None  # the last window's mean and its variance
+    scale: np.ndarray = np.ones(1)  # q's sds at the last step: the unit of the errors
+    last_iterate: tuple[np.ndarray, ...] | None = None  # what finish replaced, for resume
+    average: RunningAverage = RunningAverage()
+    # the settled average at twice the step: q's location and its Monte Carlo errors
+    coarse: tuple[np.ndarray, np.ndarray] | None = None
+    # q's mean location in the last windows and its noise, (2, ...) each
+    window_means: tuple[np.ndarray, ...] = ()
+    window_sums: tuple[np.ndarray, ...] | None = None  # of q's parameters
+
+
+@dataclass(frozen=True)
+class Stochastic(Control):
+    """Noisy objectives: windowed plateau test, step halving, Polyak-Ruppert averaging.
+
+    It reads q's ``location`` and ``scale`` now (e.g. its mean and sds) and the ``params``
+    to average; the average the fit ends on is its decision's ``params``; the step size is
+    its state's ``rate`` (``initial_rate`` at first).
+
+    Two phases. *Adapting*: at each plateau of the trace the step is halved, until it is at
+    most ``max_average_rate`` and the iterates' step-to-step spread is below ``max_spread``
+    of q's sds. *Averaging*: the step stays fixed and every iterate enters a running average
+    (:class:`RunningAverage`); its Monte Carlo error is the iterates' pooled variance times
+    their correlation time over their number (after at least four windows and ``span``
+    correlation times): per coordinate the larger of what the step implies,
+    ``(2 - rate) / rate``, and the one measured from the iterates' lag-one autocorrelation
+    (``measured``). Once that error is below ``tol`` the average is compared with the one at
+    twice the step: the fit ends when they agree (every coordinate within ``tol`` plus
+    ``margin`` sds of their difference), else the step halves and the fit averages afresh. A
+    trace that starts falling again restarts the average. A window (at a step of at most
+    ``max_average_rate``) whose iterates all lie within about ``tol`` of their average ends
+    the fit at once, on that average, unless the windows' averages are still on the move
+    (:meth:`_drifting`).
+
+    The average of constant-step iterates is biased by O(step) (Dieuleveut, Durmus & Bach,
+    2020), by an amount no fixed step bounds on every target: GF's average at rate 1/2 sat
+    0.01 of q's sds from the exact Gaussian optimum on a latent GP posterior and 0.09 on a
+    log-Gamma(1/2) one (0.01 at rate 1/8). With bias ``c * rate``, the gap between the
+    averages at ``2 rate`` and ``rate`` is ``c * rate``, the bias that remains: so the
+    comparison ends a fit only once that is within ``tol``. There is no average and no stop
+    above ``max_average_rate`` (a full natural step is where the bias is largest), nor on one
+    window's average, whose error estimate from a few correlated steps is too rough to end a
+    fit on (unless the iterates themselves hardly move).
+    """
+
+    _: KW_ONLY
+    initial_rate: float = 1.0
+    min_window: int = 20
+    min_rate: float = 1e-4
+    max_spread: float = 0.5
+    max_average_rate: float = 0.5
+    min_windows: int = 4
+    max_rejections: int = 30
+    measured: bool = True
+    span: float = SPAN
+    margin: float = Z_BIAS
+
+    kind: ClassVar[str] = "stochastic"
+
+    def init(self) -> StochasticState:
+        return StochasticState(self.initial_rate, Series(), Series())
+
+    def rate(self, state):
+        return state.rate
+
+    def reads(self, state):
+        return ("location", "scale", "params")
+
+    def window_length(self, state: StochasticState) -> int:
+        return max(self.min_window, math.ceil(4.0 / state.rate))
+
+    @staticmethod
+    def correlation_time(state: StochasticState) -> float:
+        """Integrated autocorrelation time of the iterates: a natural step of size ``rate``
+        contracts the distance to the fixed point by ``1 - rate``, an AR(1) process (a
+        lower bound: slower modes show in :meth:`RunningAverage.correlation_times`)."""
+        return (2.0 - min(state.rate, 1.0)) / state.rate
+
+    def observe(self, state, free_energy, info):
+        if not info["accepted"]:
+            # a non-finite step was refused by the method (state kept): smaller steps
+            state = self._new_rate(state, state.rate / 4)
+            state = state._replace(rejections=state.rejections + 1)
+            stalled = state.rejections >= self.max_rejections or state.rate < self.min_rate
+            return state, Decision("stalled" if stalled else None)
+        params = [np.asarray(p, dtype=float) for p in info["params"]]
+        state = state._replace(
+            rejections=0,
+            scale=np.maximum(np.asarray(info["scale"], dtype=float), 1e-300),
+            values=state.values.add(float(free_energy)),
+            locations=state.locations.add(np.array(info["location"], dtype=float)),
+            window_sums=_add(state.window_sums, params),
+            average=state.average.add(params) if state.averaging else state.average,
+        )
+        if len(state.values) < self.window_length(state):
+            return state, GO_ON
+        return self._end_of_window(state)
+
+    def _end_of_window(self, state: StochasticState) -> tuple[StochasticState, Decision]:
+        values = state.values.items()
+        stats = (_mean(values), _var_of_mean(values))
+        previous = state.previous
+        z = Z_ONE_SIDED_005 if state.averaging else Z_ONE_SIDED_5
+        falling = previous is None or previous[0] - stats[0] > z * math.sqrt(previous[1] + stats[1])
+        locations = np.asarray(state.locations.items())
+        sds = np.std(locations, axis=0, ddof=1)
+        noise = sds * math.sqrt(self.correlation_time(state) / len(locations))  # the mean's sd
+        window_means, drifting = self._drifting(state, locations.mean(axis=0), noise)
+        state = state._replace(previous=stats, window_means=window_means)
+        if state.averaging:
+            if falling:  # not stationary after all: average afresh from here, and
+                # compare with no average of an earlier q
+                state = state._replace(average=RunningAverage(), coarse=None)
+            else:
+                state = state._replace(average=state.average.add_window(locations))
+                if (
+                    state.average.windows >= self.min_windows
+                    and self._average_error(state) < self.tol
+                ):
+                    return self._settled(state)
+        elif not falling:
+            spread = float(np.max(sds / state.scale))
+            small_step = state.rate <= self.max_average_rate
+            quiet = small_step and spread < self.tol
+            if quiet and drifting is False:
+                # every iterate of the window within about tol of its average, and the
+                # windows' averages no longer moving: the average is that precise whatever
+                # their correlation (e.g. GF on a Gaussian target)
+                return self._stop(state, state.window_sums, len(locations), "converged")
+            if quiet and drifting is None:
+                pass  # quiet, but its drift at this step size is not known yet: one more window
+            elif small_step and spread < self.max_spread:
+                state = state._replace(averaging=True, average=RunningAverage())
+            else:
+                sums = state.window_sums  # the new rate clears the window
+                state = self._new_rate(state, state.rate / 2)
+                if state.rate < self.min_rate:
+                    return self._stop(state, sums, len(locations), "floor")
+        return _cleared(state), GO_ON
+
+    def _drifting(
+        self, state: StochasticState, mean: np.ndarray, noise: np.ndarray | None = None
+    ) -> tuple[tuple[np.ndarray, ...], bool | None]:
+        """Whether the windows' mean locations are still on the move, with the windows'
+        means to keep (the state's and this one's, the last two): the last window's
+        moved ``d1`` (in q's sds) from the one before, which had moved ``d0``; a drift
+        contracting by ``r = d1 / d0`` per window has ``d1 r / (1 - r)`` left to go. On the
+        move unless both ``d1`` and that are below ``tol`` (or ``d1`` is below
+        ``AT_REST * tol``: at rest, or neither move exceeded ``Z_MOVE`` sds of the windows'
+        own noise in any coordinate, ``noise`` the sd of each window's mean: the ratio of two
+        such moves is noise's); ``None``, not known yet, after one window and after two
+        whose means differ by less than ``tol`` but more than at rest. A slow drift passes
+        the spread test: WVGD's two particles on N(0, 1) ended 0.07 sds from the Lloyd-Max
+        points when the last window's iterates spread by 0.027 sds while its mean had moved
+        by 0.058. Only windows at the current step size count (:meth:`_new_rate` clears
+        them)."""
+        noise = np.zeros_like(mean) if noise is None else noise
+        history = state.window_means
+        means = (*history[-1:], np.stack([mean, noise]))
+        if not history:
+            return means, None
+        d1 = float(np.max(np.abs(mean - history[-1][0]) / state.scale))
+        if d1 <= AT_REST * self.tol:  # round-off (GF on a Gaussian target moves by 1e-13)
+            return means, False
+        if d1 >= self.tol:
+            return means, True
+        if len(history) < 2:
+            return means, None
+        if not (_moved(means[-1], history[-1]) or _moved(*history)):
+            return means, False
+        d0 = float(np.max(np.abs(history[-1][0] - history[-2][0]) / state.scale))
+        r = d1 / d0 if d0 > 0 else math.inf
+        return means, r >= 1 or d1 * r / (1 - r) >= self.tol
+
+    def _settled(self, state: StochasticState) -> tuple[StochasticState, Decision]:
+        """The average is precise to ``tol``: stop on it if it agrees with the settled average
+        at twice the step, else halve the step and average afresh."""
+        average = state.average
+        location = average.location()
+        errors = average.errors(self.correlation_time(state), state.scale, self.measured)
+        coarse = state.coarse
+        state = state._replace(coarse=(location, errors))
+        if coarse is not None:
+            gap = np.abs(location - coarse[0]) / state.scale
+            if np.all(gap <= self.tol + self.margin * np.hypot(errors, coarse[1])):
+                return self._stop(state, average.sums, average.count, "converged")
+        if state.rate / 2 < self.min_rate:
+            return self._stop(state, average.sums, average.count, "floor")
+        state = state._replace(averaging=False, average=RunningAverage())
+        return self._new_rate(state, state.rate / 2), GO_ON
+
+    @staticmethod
+    def _stop(
+        state: StochasticState, sums: Sequence[np.ndarray], count: int, reason: str
+    ) -> tuple[StochasticState, Decision]:
+        """Stop for ``reason`` with q set to the average ``sums / count``
+        (Polyak-Ruppert)."""
+        return _cleared(state), Decision(reason, params=[s / count for s in sums])
+
+    def _average_error(self, state: StochasticState) -> float:
+        return state.average.error(
+            self.correlation_time(state), state.scale, self.tol, self.measured, self.span
+        )
+
+    def progress(self, state):
+        if self.tol is None:
+            return ""
+        if not state.averaging:
+            return f"plateau test on windows of {self.window_length(state)} steps"
+        error = self._average_error(state)
+        if not math.isfinite(error):
+            return "averaging"
+        return f"averaging, error {error:.2g} (tol {self.tol:g})"
+
+    @staticmethod
+    def _new_rate(state: StochasticState, rate: float) -> StochasticState:
+        # a drift measured at another step size says nothing of the drift at this one
+        return _cleared(state._replace(rate=rate, window_means=()))
+
+    def finish(self, state, reason, info):
+        average = state.average
+        if reason == "max_steps" and state.averaging and average.count:
+            # the running average is the better estimate; refine resumes from the iterate
+            state = state._replace(last_iterate=tuple(np.array(p) for p in info["params"]))
+            return state, Decision(params=[s / average.count for s in average.sums])
+        return state, GO_ON
+
+    def resume(self, state):
+        iterate = state.last_iterate
+        state = state._replace(last_iterate=None)
+        return state, GO_ON if iterate is None else Decision(params=list(iterate))
+
+    def describe(self, state, reason):
+        return _stochastic_message(self, state, reason) or super().describe(state, reason)
+
+    def restored(self, saved):
+        average = RunningAverage(**saved.pop("average"))
+        values, locations = Series.of(saved.pop("values")), Series.of(saved.pop("locations"))
+        state = super().restored(saved)
+        return state._replace(average=average, values=values, locations=locations)
+
+
+def _cleared(state: StochasticState) -> StochasticState:
+    """``state`` with its window cleared (a new window starts)."""
+    return state._replace(values=Series(), locations=Series(), window_sums=None)
+
+
+def _stochastic_message(control: Stochastic, state: StochasticState, reason: str) -> str | None:
     """:meth:`Stochastic.describe` for the reasons whose explanation needs its numbers."""
     if reason == "converged":
         how = (
             f"the Monte Carlo error of the averaged q, with its iterates' correlation time "
             f"(measured, at least the step's), is below tol = {control.tol:g} of its sds; q is "
             f"the average of the "
-            f"iterates over the last {control._average.count} steps"
-            if control.averaging
+            f"iterates over the last {state.average.count} steps"
+            if state.averaging
             else f"the iterates moved by less than tol = {control.tol:g} of q's sds over the "
             "last window; q is their average"
         )
         return (
             "converged: the free energy stopped decreasing (one-sided test at 5 % between "
-            f"windows of {control.window_length} steps) and {how}"
+            f"windows of {control.window_length(state)} steps) and {how}"
         )
     if reason == "floor":
         return (
-            f"the step size fell to {control.rate:.2g} (its floor) before the iterates "
+            f"the step size fell to {state.rate:.2g} (its floor) before the iterates "
             "settled within tol; q is the average of the last window"
         )
     if reason == "stalled":
         return (
-            f"stalled: {control.rejections} consecutive steps produced non-finite values even "
-            f"at step size {control.rate:.2g}"
+            f"stalled: {state.rejections} consecutive steps produced non-finite values even "
+            f"at step size {state.rate:.2g}"
         )
-    if reason == "max_steps" and control.averaging and control._average.windows >= 2:
-        error = control._average_error()
+    if reason == "max_steps" and state.averaging and state.average.windows >= 2:
+        error = control._average_error(state)
         if not math.isfinite(error):
             return (
                 f"reached the maximum number of steps while averaging, over "
-                f"{control._average.located} steps, too few for {control.span:g} correlation "
+                f"{state.average.located} steps, too few for {control.span:g} correlation "
                 "times of its slowest coordinates (their Monte Carlo error cannot be estimated yet)"
             )
         return (
@@ -720,9 +825,14 @@ def _moved(window: np.ndarray, before: np.ndarray) -> bool:
 def _to_json(value: Any) -> Any:
     """``value`` as JSON-able data: arrays as ``{"__ndarray__": nested lists, "dtype",
     "shape"}`` (JSON writes floats with round-trip precision, so they load bit for bit),
-    saved objects as their :meth:`Saved.state`, lists, tuples and dicts element-wise."""
+    saved objects as their :meth:`Saved.state`, states (``NamedTuple``) as dicts of their
+    fields, a :class:`Series` as a list, lists, tuples and dicts element-wise."""
     if isinstance(value, Saved):
         return value.state()
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):
+        return {k: _to_json(v) for k, v in value._asdict().items()}
+    if isinstance(value, Series):
+        value = value.items()
     if hasattr(value, "__array__") and not isinstance(value, np.ndarray | np.generic):
         value = np.asarray(value)  # a JAX array (backend="jax")
     if isinstance(value, np.ndarray):
@@ -737,19 +847,21 @@ def _to_json(value: Any) -> Any:
 
 
 def _from_json(value: Any) -> Any:
-    """The inverse of :func:`_to_json` (saved objects are loaded in place by
-    :meth:`Saved.load`)."""
+    """The inverse of :func:`_to_json`, lists as tuples (saved objects are loaded in place
+    by :meth:`Saved.load`; states and series by :func:`restore_control`)."""
     if isinstance(value, dict) and _ARRAY in value:
         return np.array(value[_ARRAY], dtype=value["dtype"]).reshape(value["shape"])
     if isinstance(value, list):
-        return [_from_json(v) for v in value]
+        return tuple(_from_json(v) for v in value)
     if isinstance(value, dict):
         return {k: _from_json(v) for k, v in value.items()}
     return value
 
 
-def _add(sums: list[np.ndarray] | None, arrays: list[np.ndarray]) -> list[np.ndarray]:
-    return arrays if sums is None else [a + b for a, b in zip(sums, arrays, strict=True)]
+def _add(sums: Sequence[np.ndarray] | None, arrays: Sequence[np.ndarray]) -> tuple:
+    if sums is None:
+        return tuple(arrays)
+    return tuple(a + b for a, b in zip(sums, arrays, strict=True))
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -26,7 +26,15 @@ from pytensor.compile.sharedvalue import SharedVariable
 
 from pymc_gpf.checks import is_integer, positive, seed_sequence
 from pymc_gpf.config import MethodConfig
-from pymc_gpf.control import SPAN, Z_BIAS, Control, Decision, FixedSteps, Stochastic
+from pymc_gpf.control import (
+    SPAN,
+    Z_BIAS,
+    Control,
+    Decision,
+    FixedSteps,
+    Stochastic,
+    restore_control,
+)
 from pymc_gpf.errors import FitWarning
 from pymc_gpf.failure import FailedStep, explain_failure
 from pymc_gpf.hyper import HyperSearch, compile_hyper_moments, flat_values, set_flat_values
@@ -122,7 +130,7 @@ class FlowInference(Inference):
     @property
     def measured_correlation(self) -> bool:
         """Whether the stochastic schedule measures its iterates' correlation time
-        (:meth:`pymc_gpf.control._Average.correlation_times`) or only takes the step's."""
+        (:meth:`pymc_gpf.control.RunningAverage.correlation_times`) or only takes the step's."""
         return True
 
     def __init__(self, *, model=None, random_seed=None, start=None, devices=None, **options):
@@ -133,10 +141,14 @@ class FlowInference(Inference):
         self.target = batched_target(model)
         self.target.row_sharding = row_sharding(devices)
         self.record = FitRecord()  # the trace, step sizes, outcome and cost of all fits
+        # the controller's settings and its state, which every answer of it replaces
         self.control: Control | None = None
+        self.control_state: tuple | None = None
         self.state: State | None = None  # PyMC's (i, step, callbacks, score)
         self.fit_options: FitOptions | None = None
-        # step sizes live in a shared variable: refine(n, learning_rate=...) needs no compile
+        # the step sizes the compiled step reads, a shared variable (refine(n,
+        # learning_rate=...) needs no compile): a fixed one from the fit keywords, the
+        # controller's from its state (_write_rate)
         self._learning_rates = pytensor.shared(
             np.zeros(2, dtype=pytensor.config.floatX), name=f"{self.name}_learning_rates"
         )
@@ -234,7 +246,7 @@ class FlowInference(Inference):
         return False
 
     def _describe(self, reason: str) -> str:
-        return self.control.describe(reason)
+        return self.control.describe(self.control_state, reason)
 
     from_options = classmethod(rebuild)
 
@@ -307,8 +319,9 @@ class FlowInference(Inference):
 
     def _write_rate(self) -> None:
         """The controller's step size (if it sets one) into the compiled step, as both
-        ``eta1`` and ``eta2``: after every decision of the controller."""
-        rate, rates = self.control.rate, self._learning_rates
+        ``eta1`` and ``eta2``: after every decision of the controller. The step size lives
+        in the controller's state; the shared variable is only the compiled step's input."""
+        rate, rates = self.control.rate(self.control_state), self._learning_rates
         if rate is not None and rates.get_value()[0] != np.asarray(rate, dtype=rates.dtype):
             rates.set_value(np.full(2, rate, dtype=rates.dtype))
 
@@ -316,12 +329,36 @@ class FlowInference(Inference):
         """The fields of q the controller ``reads``, for its next decision: q's
         ``location`` and ``scale`` (:meth:`location`), its ``params``' values and the
         method's own (:meth:`observed_fields`)."""
-        reads, out = self.control.reads, {}
+        reads, out = self.control.reads(self.control_state), {}
         if "location" in reads or "scale" in reads:
             out["location"], out["scale"] = self.approx.location()
         if "params" in reads:
             out["params"] = [p.get_value() for p in self.approx.params]
         return out | self.observed_fields()
+
+    def _decide(self, answer: tuple[tuple, Decision]) -> str | None:
+        """The controller's ``answer``, its next state and a decision: keep the one, carry
+        out the other; its stop code."""
+        self.control_state, decision = answer
+        self._apply(decision)
+        return decision.stop
+
+    def revise_control(self, revise: Callable[[tuple], tuple]) -> None:
+        """A method's own change to its controller's state between decisions: GPF restored
+        or restarted its cloud (:meth:`pymc_gpf.control.Deterministic.verify`, ``restart``), a
+        Langevin ensemble starts from a Gaussian fit's covariance
+        (:meth:`pymc_gpf.ensemble.control.SamplingControl.keep_preconditioner`)."""
+        self.control_state = revise(self.control_state)
+
+    def load_control(self, saved: dict[str, Any]) -> None:
+        """Restore the controller and its state a checkpoint holds
+        (:func:`pymc_gpf.control.restore_control`)."""
+        self.control, self.control_state = restore_control(self.control, saved)
+
+    def _new_control(self, options: FitOptions) -> None:
+        """The method's controller for ``options``, in its initial state."""
+        self.control = self._control(options)
+        self.control_state = self.control.init()
 
     def _apply(self, decision: Decision) -> None:
         """Carry out the controller's ``decision`` (its step size: :meth:`_write_rate`)."""
@@ -352,11 +389,12 @@ class FlowInference(Inference):
         graph = self._build_step(options)
         if graph is None:  # no step of its own: the method runs its fits elsewhere
             self.fit_options, self.step, self.state_vars = options, None, {}
-            self.control, self.hyper, self._hyper_fn = self._control(options), None, None
+            self.hyper, self._hyper_fn = None, None
+            self._new_control(options)
             return
         self.step, self.state_vars = compile_step(graph, options, self._learning_rates)
         self.fit_options = options
-        self.control = self._control(options)
+        self._new_control(options)
         self._write_rate()
         self.hyper = HyperSearch(options.tol) if options.auto and options.more_obj_params else None
         self._hyper_fn = None
@@ -384,7 +422,7 @@ class FlowInference(Inference):
             self.fit_options = replace(self.fit_options, learning_rate=rates)
         if tol is not None:
             self.fit_options = replace(self.fit_options, tol=positive("tol", tol))
-            self.control.tol = self.fit_options.tol
+            self.control = replace(self.control, tol=self.fit_options.tol)
             if self.hyper is not None:
                 self.hyper.tol = self.fit_options.tol
         if progressbar is None:
@@ -489,7 +527,7 @@ class FlowInference(Inference):
     def _fresh_schedule(self) -> None:
         """θ moved: q converges again, from where it is, with a fresh schedule (and the
         minibatch control variates' anchor is evaluated again at the new θ)."""
-        self.control = self._control(self.fit_options)
+        self._new_control(self.fit_options)
         self._write_rate()
         self._anchor(force=True)
 
@@ -550,7 +588,7 @@ class FlowInference(Inference):
         return one_blas_pool(self.compile_backend, self.target.data_size >= LARGE_DATA)
 
     def _steps_and_verdict(self, n: int, progressbar: bool, progressbar_theme) -> None:
-        self._apply(self.control.resume())
+        self._decide(self.control.resume(self.control_state))
         start = self.state.i
         done = 0
         self._anchor(force=start == 0)
@@ -564,10 +602,9 @@ class FlowInference(Inference):
             self.run_trace.append(free_energy)
             size = info.get("step_size", float(self._learning_rates.get_value()[0]))
             self.record.count(info["gradient_evaluations"], info["density_evaluations"])
-            decision = self.control.observe(free_energy, info | self.observation())
-            self._apply(decision)
+            observed = info | self.observation()
+            stop = self._decide(self.control.observe(self.control_state, free_energy, observed))
             self._write_rate()
-            stop = decision.stop
             done += 1
             self._anchor()
             if self.fit_options.more_obj_params:
@@ -577,10 +614,11 @@ class FlowInference(Inference):
             return float(size), stop
 
         def describe(free_energy: float, info: dict[str, float], stop: str) -> str:
-            why = self.control.describe(stop) if stop else ""
+            why = self.control.describe(self.control_state, stop) if stop else ""
             return progress_text(
                 free_energy, info, self.fit_options, why,
-                float(self._learning_rates.get_value()[0]), self.control.progress(),
+                float(self._learning_rates.get_value()[0]),
+                self.control.progress(self.control_state),
             )  # fmt: skip
 
         for narrowed in range(MAX_NARROWINGS + 1):
@@ -674,9 +712,11 @@ class FlowInference(Inference):
         self.run_ended(result)
         self.merge_run(result)
         if result.failure is None:
-            result.reason = self.control.conclude(result.reason)
+            self.control_state, result.reason = self.control.conclude(
+                self.control_state, result.reason
+            )
         self.conclude_run(result.reason, n)
-        self._apply(self.control.finish(result.reason, self.observation()))
+        self._decide(self.control.finish(self.control_state, result.reason, self.observation()))
         if result.failure is None:
             self._finish(result.reason)
 

@@ -27,6 +27,7 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.traversal import ancestors
 
 from pymc_gpf import record
+from pymc_gpf.control import control_checkpoint
 from pymc_gpf.datatree import build_datatree
 from pymc_gpf.engine import FlowInference
 from pymc_gpf.errors import CheckpointError
@@ -99,7 +100,10 @@ def _checkpoint(inference: FlowInference) -> xr.Dataset:
         "flat_coordinates": _json(inference.target.labels, "labels"),
         "data_rngs": _json(inference.target.data_rng_states(), "minibatch rng state"),
         "anchor": _json(inference.target.anchor_state(), "the control variates' anchor"),
-        "control": _json(inference.control.state(), "the step-size controller's state"),
+        "control": _json(
+            control_checkpoint(inference.control, inference.control_state),
+            "the step-size controller's state",
+        ),
         "hyper": _json(
             None if inference.hyper is None else inference.hyper.state(), "the hyperparameters"
         ),
@@ -325,7 +329,7 @@ def _rebuild(checkpoint: xr.Dataset, hist: np.ndarray, model: pm.Model, devices)
         var.set_value(checkpoint[key].values.astype(var.dtype))
     inference.target.set_data_rng_states(json.loads(attrs["data_rngs"]))
     inference.target.set_anchor_state(json.loads(attrs.get("anchor", "null")))
-    inference.control.load(json.loads(attrs["control"]))
+    inference.load_control(json.loads(attrs["control"]))
     hyper = json.loads(attrs.get("hyper", "null"))
     if hyper is not None and inference.hyper is not None:
         inference.hyper.load(hyper)

@@ -276,7 +276,7 @@ def test_an_ensemble_survives_unscaled_predictors(init):
     approx = pm.fit(method="ensemble", model=model, random_seed=1, progressbar=False,
                     inf_kwargs={"init": init})  # fmt: skip
     assert approx.outcome.converged and approx.outcome.verdict == TRUSTWORTHY
-    assert approx.inference.control.burn_in < (500 if init == "gaussian" else 4000)
+    assert approx.inference.control_state.burn_in < (500 if init == "gaussian" else 4000)
     draws = approx.sample(return_inferencedata=False)
     beta, sigma = draws["beta"].reshape(-1, 4), draws["sigma"].ravel()
     np.testing.assert_array_less(np.abs(beta.mean(0) - mean) / beta_sd, 0.1)

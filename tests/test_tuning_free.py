@@ -169,21 +169,28 @@ def test_a_fixed_learning_rate_is_algorithm_2(regression_model):
 
 
 # --------------------------------------------------------------------- stopping rules
+def _stops(control, infos, state=None):
+    """``control``'s stop codes on steps with ``infos`` in turn (from its initial state, or
+    from ``state``), and its state after them."""
+    state = control.init() if state is None else state
+    stops = []
+    for info in infos:
+        state, decision = control.observe(state, 0.0, info)
+        stops.append(decision.stop)
+    return stops, state
+
+
 def test_the_deterministic_rule_stops_on_a_converged_fit_only():
     control = Deterministic(tol=0.03)
     info = {"accepted": True, "step_size": 1.0}
-    falling = [control.observe(0.0, info | {"decrement": 10.0 / k}).stop for k in range(1, 1000)]
+    falling, state = _stops(control, [info | {"decrement": 10.0 / k} for k in range(1, 1000)])
     assert all(stop is None for stop in falling)  # decrement 0.01 > tol^2 at the end
-    stops = [control.observe(0.0, info | {"decrement": 1e-4}).stop for _ in range(3)]
+    stops, _ = _stops(control, [info | {"decrement": 1e-4}] * 3, state)
     assert stops == [None, None, "converged"]
-    stall = Deterministic(tol=0.03)
-    assert (
-        stall.observe(0.0, {"accepted": False, "step_size": 1e-13, "decrement": 1.0}).stop
-        == "stalled"
-    )
-    at_round_off = Deterministic(tol=0.03)
-    at_round_off.observe(0.0, info | {"decrement": 1e-4})
-    assert at_round_off.observe(0.0, {"accepted": False, "step_size": 1e-13}).stop == "converged"
+    stall = {"accepted": False, "step_size": 1e-13, "decrement": 1.0}
+    assert _stops(control, [stall])[0] == ["stalled"]
+    at_round_off = [info | {"decrement": 1e-4}, {"accepted": False, "step_size": 1e-13}]
+    assert _stops(control, at_round_off)[0] == [None, "converged"]
 
 
 def test_an_early_stop_must_pass_the_convergence_test():
@@ -192,40 +199,72 @@ def test_an_early_stop_must_pass_the_convergence_test():
     its own decrement passes the tol test; else the method must go on ("unverified")."""
     info = {"accepted": True, "step_size": 1.0}
     stalled = {"since_best": 10, "best_validation": 5.0}
-    far = Deterministic(tol=0.03, patience=10)
-    assert far.observe(0.0, info | {"decrement": 4.0} | stalled).stop is None
-    never_finite = Deterministic(tol=0.03, patience=10)
-    blind = stalled | {"best_validation": np.inf}
-    assert never_finite.observe(0.0, info | {"decrement": 0.5} | blind).stop is None
+    control = Deterministic(tol=0.03, patience=10)
+    assert _stops(control, [info | {"decrement": 4.0} | stalled])[0] == [None]  # far
+    blind = stalled | {"best_validation": np.inf}  # never finite
+    assert _stops(control, [info | {"decrement": 0.5} | blind])[0] == [None]
     for decrement, decision in ((1e-4, "converged"), (0.01, "unverified")):
-        early = Deterministic(tol=0.03, patience=10)
-        assert early.observe(0.0, info | {"decrement": 0.5} | stalled).stop == "overfitting"
-        early.verify()  # the method restored its best state: the next evaluation decides
-        assert early.observe(0.0, info | {"decrement": decrement}).stop == decision
+        stops, state = _stops(control, [info | {"decrement": 0.5} | stalled])
+        assert stops == ["overfitting"]
+        state = Deterministic.verify(state)  # the method restored its best state: the
+        # next evaluation decides
+        assert _stops(control, [info | {"decrement": decrement}], state)[0] == [decision]
 
 
-def test_controllers_answer_with_decisions_and_hold_nothing_of_the_fit():
-    """Every controller reads what it needs from the step's info and answers with a
-    Decision (the engine carries it out): no callable into the fit among its attributes, so
-    its state is its declared fields and the checkpoint holds all of it."""
-    from pymc_gpf.control import Decision, FixedSteps
+def test_controllers_are_pure_functions_of_an_immutable_state():
+    """Every controller's settings are frozen and its state is an immutable NamedTuple:
+    ``observe(state, free_energy, info)`` reads what it needs from the step's info and
+    answers with the next state and a Decision (the engine carries it out), leaving every
+    state it was given as it was, so that observing from an earlier state again gives the
+    same answers. The checkpoint holds the settings and every field of the state, and
+    restores both."""
+    import json
+
+    from dataclasses import FrozenInstanceError
+
+    from pymc_gpf.control import Decision, FixedSteps, control_checkpoint, restore_control
     from pymc_gpf.ensemble.control import SamplingControl
 
-    particles = np.random.default_rng(0).normal(size=(8, 2))
-    info = {
-        "accepted": True, "step_size": 1.0, "decrement": 1.0, "location": np.zeros(2),
-        "scale": np.ones(2), "params": [np.zeros(2)], "particles": particles,
-        "drift": -particles, "logp": np.zeros(8), "preconditioner": None, "mean_v": 0.0,
-        "mmd": 0.0, "bandwidth": 1.0,
-    }  # fmt: skip
+    rng = np.random.default_rng(0)
+    infos = []
+    for _ in range(150):
+        particles = rng.normal(size=(8, 2))
+        infos.append({
+            "accepted": True, "step_size": 1.0, "decrement": 1.0, "location": rng.normal(size=2),
+            "scale": np.ones(2), "params": [rng.normal(size=2)], "particles": particles,
+            "drift": -particles, "logp": np.zeros(8), "preconditioner": None, "mean_v": 0.0,
+            "mmd": 0.0, "bandwidth": 1.0, "free_energy": rng.normal(),
+        })  # fmt: skip
     controls = [
-        FixedSteps(0.1), Deterministic(0.03), Stochastic(0.03), SamplingControl(0.03, rate=0.1)
+        FixedSteps(0.1, window=20), Deterministic(0.03), Stochastic(0.03),
+        SamplingControl(0.03, initial_rate=0.1, min_burn_in=50, window=25),
     ]  # fmt: skip
+
+    def checkpoint(control, state):
+        return json.dumps(control_checkpoint(control, state), sort_keys=True)
+
     for control in controls:
-        assert isinstance(control.observe(1.0, info), Decision)
-        assert set(control.reads) <= set(info)
-        assert not [k for k, v in vars(control).items() if callable(v)], type(control)
-        control.state()  # every attribute declared
+        with pytest.raises(FrozenInstanceError):
+            control.tol = 1.0
+        states, answers = [control.init()], []
+        for info in infos:
+            assert set(control.reads(states[-1])) <= set(info)
+            state, decision = control.observe(states[-1], info["free_energy"], info)
+            assert isinstance(decision, Decision) and type(state) is type(states[-1])
+            states.append(state)
+            answers.append(decision.stop)
+        with pytest.raises(AttributeError):
+            setattr(states[-1], states[-1]._fields[0], None)
+        saved = [checkpoint(control, state) for state in states]
+        # from an earlier state again: the same answers and states, the later ones unchanged
+        state, again = states[60], []
+        for info in infos[60:]:
+            state, decision = control.observe(state, info["free_energy"], info)
+            again.append(decision.stop)
+        assert again == answers[60:] and checkpoint(control, state) == saved[-1]
+        assert [checkpoint(control, state) for state in states] == saved
+        restored, state = restore_control(control, json.loads(saved[-1]))
+        assert restored == control and checkpoint(restored, state) == saved[-1]
 
 
 class _Iterate:
@@ -237,6 +276,7 @@ class _Iterate:
         self.rng = np.random.default_rng(seed)
         self.noise, self.drift, self.pull = noise, drift, pull
         self.controller: Stochastic | None = None  # sets the step size, as in a fit
+        self.state = None  # the controller's
         self.curvature = curvature
         self.x, self.target, self.averaged = start, 0.0, None
 
@@ -245,13 +285,14 @@ class _Iterate:
         d = self.x - self.target
         # a curved gradient, d - c min(d^2, 1): the iterates' average sits c Var above target
         gradient = self.pull * d - self.curvature * min(d * d, 1.0)
-        rate = self.controller.rate
+        rate = self.controller.rate(self.state)
         self.x += -rate * gradient + rate * self.noise * self.rng.normal()
         free_energy = 0.5 * (self.x - self.target) ** 2 - 0.01 * self.target
         return free_energy + 0.1 * self.rng.normal()
 
     def control(self, tol):
         self.controller = Stochastic(tol)
+        self.state = self.controller.init()
         return self.controller
 
     def observe(self):
@@ -259,7 +300,7 @@ class _Iterate:
         free_energy = self.step()
         x = np.array([self.x])
         info = {"accepted": True, "location": x, "scale": np.array([1.0]), "params": [x]}
-        decision = self.controller.observe(free_energy, info)
+        self.state, decision = self.controller.observe(self.state, free_energy, info)
         if decision.params is not None:
             self.averaged = float(decision.params[0][0])
         return decision.stop
@@ -288,10 +329,10 @@ def test_the_stochastic_rule_ends_on_an_unbiased_average(noise, largest_rate, se
     averages at ``r`` and ``r/2`` (their gap is the bias left at ``r/2``). Either way it ends
     within 3 tol of the optimum."""
     run = _Iterate(noise=noise, curvature=0.9, seed=seed, start=0.5)
-    control = run.control(tol=0.02)
+    run.control(tol=0.02)
     stops = (run.observe() for _ in range(400_000))
     assert any(stop == "converged" for stop in stops)
-    assert control.rate <= largest_rate
+    assert run.state.rate <= largest_rate
     assert abs(run.averaged - run.target) < 3 * 0.02
 
 
@@ -300,7 +341,7 @@ def test_the_average_s_error_measures_a_correlation_slower_than_the_step_implies
     per step where a step of rate 1/2 implies 50 %: integrated correlation time
     (1 + 0.95) / 0.05 = 39, not 3) and stationary variance 1: the error of its average over
     n = 20 000 steps is sqrt(39 / n) = 0.0442. White noise keeps the step's time."""
-    from pymc_gpf.control import _Average
+    from pymc_gpf.control import RunningAverage
 
     rng = np.random.default_rng(0)
     n, rho = 20_000, 0.95
@@ -309,9 +350,9 @@ def test_the_average_s_error_measures_a_correlation_slower_than_the_step_implies
     for t in range(1, n):
         slow[t] = rho * slow[t - 1] + np.sqrt(1 - rho**2) * rng.normal()
     series = np.stack([slow, rng.normal(size=n)], axis=1)
-    average = _Average()
+    average = RunningAverage()
     for window in np.split(series, n // 20):
-        average.add_window(window)
+        average = average.add_window(window)
     times = average.correlation_times(3.0)
     np.testing.assert_allclose(times, [39.0, 3.0], rtol=0.1)
     errors = average.errors(3.0, np.ones(2))
@@ -323,14 +364,15 @@ def test_a_fit_that_ran_out_of_steps_before_its_error_was_known_says_why():
     """An average over 200 steps of a coordinate with lag-one autocorrelation 0.999 (e.g.
     WVGD's running cell weights) spans less than five of its correlation times, so its
     error is unknown (inf): the message says so instead of "error inf sds"."""
-    run = _Iterate(noise=0.0)
-    control = run.control(tol=0.03)
-    control.averaging = True
+    from pymc_gpf.control import RunningAverage
+
+    control, average = Stochastic(tol=0.03), RunningAverage()
     walk = np.cumsum(np.random.default_rng(0).normal(size=200))[:, None]
     for window in np.split(walk, 10):
-        control._average.add_window(window)
-    assert control._average_error() == np.inf
-    message = control.describe("max_steps")
+        average = average.add_window(window)
+    state = control.init()._replace(averaging=True, average=average)
+    assert control._average_error(state) == np.inf
+    message = control.describe(state, "max_steps")
     assert "over 200 steps, too few for 10 correlation times" in message
     assert "inf" not in message
 
@@ -344,17 +386,25 @@ def test_the_stochastic_rule_does_not_stop_on_a_drifting_fit(seed):
     assert all(run.observe() is None for _ in range(50_000))
 
 
+def _last_drift(control, state, means, noise=None):
+    """Whether the last of the windows' ``means`` (with that ``noise``) still drifts,
+    after the others (:meth:`Stochastic._drifting`)."""
+    for mean in means:
+        noisy = None if noise is None else np.array([noise])
+        window_means, drifting = control._drifting(state, np.array([mean]), noisy)
+        state = state._replace(window_means=window_means)
+    return drifting
+
+
 def test_quiet_windows_whose_means_still_move_do_not_end_a_fit():
     """The windows' means contract towards the fixed point by r per window: the first
     window's spread test ends a fit only once the drift left, d1 r / (1 - r), is below
     tol. A low-rank GF's factor turning across a small eigen-gap moved by 0.04 sds a window
     with r = 0.96 (about 1 sd to go) while each window's iterates spread by 0.01."""
-    run = _Iterate(noise=0.0)
 
     def drifting(moves):
-        control = run.control(tol=0.05)
-        means = np.cumsum([0.0, *moves])
-        return [control._drifting(np.array([m])) for m in means][-1]
+        control = Stochastic(tol=0.05)
+        return _last_drift(control, control.init(), np.cumsum([0.0, *moves]))
 
     assert drifting([]) is None  # one window: nothing known about its drift
     assert drifting([0.01]) is None  # two: not yet its rate
@@ -374,12 +424,10 @@ def test_window_means_moving_within_their_noise_are_not_a_drift():
     for 2.8 times the steps of a fit that had converged. A move beyond it is extrapolated
     as before: the eigen-gap drift above, 0.04 sds a window, with windows' means noisy by
     0.007 sds."""
-    run = _Iterate(noise=0.0)
 
     def drifting(moves, noise):
-        control = run.control(tol=0.05)
-        means = np.cumsum([0.0, *moves])
-        return [control._drifting(np.array([m]), np.array([noise])) for m in means][-1]
+        control = Stochastic(tol=0.05)
+        return _last_drift(control, control.init(), np.cumsum([0.0, *moves]), noise)
 
     assert drifting([0.0006, 0.0018], 0.001) is False
     assert drifting([0.0006, 0.0018], 0.0) is True  # no noise: r = 3, not contracting
@@ -395,9 +443,9 @@ def test_a_quiet_fit_stops_on_its_window_average(seed):
     over ten correlation times, and that average is within a quarter of tol of the fixed
     point (its own sd is 0.002)."""
     run = _Iterate(noise=0.01, seed=seed)
-    control = run.control(tol=0.05)
+    run.control(tol=0.05)
     stops = [run.observe() for _ in range(400)]
-    assert "converged" in stops and not control.averaging and control.rate == 0.5
+    assert "converged" in stops and not run.state.averaging and run.state.rate == 0.5
     assert abs(run.averaged - run.target) < 0.05 / 4
 
 
@@ -406,15 +454,15 @@ def test_a_drift_measured_at_another_step_size_does_not_end_a_fit():
     rate 1, then -0.045 in the first window at rate 1/2. Read as one contraction (r = 0.28,
     0.009 sds to go) the fit stopped there, 0.045 sds from the optimum (0.075 on another
     seed); at the smaller step the drift is slower, and nothing is known of it yet."""
-    run = _Iterate(noise=0.0)
-    control = run.control(tol=0.03)
+    control = Stochastic(tol=0.03)
+    state = control.init()
     for mean in (-0.155, -0.069):
-        control._drifting(np.array([mean]))
-    moved = control._window_means
-    control._new_rate(0.5)
-    assert control._drifting(np.array([-0.045])) is None
-    control._window_means = moved  # the same means at one step size: contracting
-    assert control._drifting(np.array([-0.045])) is False
+        moved, _ = control._drifting(state, np.array([mean]))
+        state = state._replace(window_means=moved)
+    state = control._new_rate(state, 0.5)
+    assert control._drifting(state, np.array([-0.045]))[1] is None
+    state = state._replace(window_means=moved)  # the same means at one step size: contracting
+    assert control._drifting(state, np.array([-0.045]))[1] is False
 
 
 # ------------------------------------------------------------- defaults, end to end

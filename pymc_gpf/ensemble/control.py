@@ -29,7 +29,7 @@ Plain Python between steps (:class:`SamplingControl`, a :class:`pymc_gpf.control
   inflated the spread, which costs mixing speed, not accuracy, as ``L`` is measured in
   the same metric).
 * **Sampling.** Every ``thin``-th state of every particle is a draw (chain = particle); the
-  first half of the draws counts as further burn-in (:meth:`SamplingControl.kept`). At
+  first half of the draws counts as further burn-in (:meth:`SamplingState.kept`). At
   geometrically spaced numbers of draws (every 25 %, at least a window and 4 D steps
   apart) the fit **converges** once the smallest bulk and tail effective sample size over
   the coordinates reaches ``target_ess`` (by default :func:`accuracy_ess`: the largest
@@ -46,15 +46,22 @@ from __future__ import annotations
 import math
 import statistics
 
+from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass
+from typing import ClassVar, NamedTuple
+
 import numpy as np
 
 from arviz_stats.base import array_stats
 
-from pymc_gpf.control import GO_ON, Z_ONE_SIDED_5, Control, Decision, Saved
+from pymc_gpf.control import GO_ON, Z_ONE_SIDED_5, Control, Decision, Series
 from pymc_gpf.ensemble import flow
 
 __all__ = [
+    "Draws",
     "SamplingControl",
+    "SamplingState",
+    "Trace",
     "accuracy_ess",
     "chain_diagnostics",
     "curvature",
@@ -223,18 +230,15 @@ def chain_diagnostics(draws: np.ndarray) -> tuple[float, float, float]:
     return float(np.min(np.minimum(bulk, tail))), float(np.max(rhat)), float(np.max(excess))
 
 
-class _Draws(Saved):
+class Draws(NamedTuple):
     """Every ``thin``-th state after burn-in, kept within ``MAX_STORED`` numbers, and when
     to check them."""
 
-    saved = ("draws", "next_check", "thin", "window")
+    draws: Series
+    thin: int
+    next_check: int  # the number of draws at which to test convergence next
 
-    def __init__(self, thin: int, window: int):
-        self.draws: list[np.ndarray] = []
-        self.thin, self.window = thin, window
-        self.next_check = window  # the number of draws at which to test convergence next
-
-    def add(self, step: int, particles: np.ndarray) -> bool:
+    def add(self, step: int, particles: np.ndarray, window: int) -> tuple[Draws, bool]:
         """Keep ``particles`` if ``step`` (after burn-in) is on the grid; whether a
         convergence check is due. Checks come at geometrically spaced counts: each costs
         ``O(D draws)``, so all of them together cost a constant factor of the last one. A
@@ -242,28 +246,38 @@ class _Draws(Saved):
         loops over them in Python: 4 s for D = 1930), about as much as a network's step
         costs per coordinate, so checks are also at least ``4 D`` steps apart."""
         if step % self.thin:
-            return False
-        self.draws.append(np.array(particles))
+            return self, False
+        store = self._replace(draws=self.draws.add(np.array(particles)))
         # a window and 4 D steps, whatever the thinning: in draws, fewer as thin grows
-        steps = max(self.window, CHECK_SPACING * particles.shape[1])
-        spacing = math.ceil(steps / self.thin)
+        steps = max(window, CHECK_SPACING * particles.shape[1])
+        spacing = math.ceil(steps / store.thin)
         capacity = max(MAX_STORED // particles.size, MIN_STORED)
-        if len(self.draws) == 1:
-            self.next_check = max(self.next_check, spacing)
-        if len(self.draws) > capacity:
-            self._thin_out()
-        if len(self.draws) < self.next_check:
-            return False
-        self.next_check = max(self.next_check + spacing, int(1.25 * len(self.draws)))
-        return True
+        if len(store.draws) == 1:
+            store = store._replace(next_check=max(store.next_check, spacing))
+        if len(store.draws) > capacity:
+            store = store._thinned()
+        if len(store.draws) < store.next_check:
+            return store, False
+        next_check = max(store.next_check + spacing, int(1.25 * len(store.draws)))
+        return store._replace(next_check=next_check), True
 
-    def _thin_out(self) -> None:
+    def _thinned(self) -> Draws:
         """Keep every other draw and double ``thin``: the draws then stay within
         ``MAX_STORED`` numbers whatever the run's length. Draw ``i`` was taken ``thin (i + 1)``
         steps after burn-in, so the odd ones are those on the doubled grid."""
-        self.draws = self.draws[1::2]
-        self.thin *= 2
-        self.next_check = max(len(self.draws) + 1, self.next_check // 2)
+        draws = Series.of(self.draws.items()[1::2])
+        return Draws(draws, self.thin * 2, max(len(draws) + 1, self.next_check // 2))
+
+
+class Trace(NamedTuple):
+    """Every step's mean ``V``, MMD term and kernel bandwidth (the ``fit`` group's)."""
+
+    mean_v: Series
+    mmd: Series
+    bandwidth: Series
+
+    def add(self, info: dict) -> Trace:
+        return Trace(*(values.add(info[key]) for key, values in self._asdict().items()))
 
 
 def _falling(previous: tuple[float, float] | None, current: tuple[float, float]) -> bool:
@@ -273,136 +287,42 @@ def _falling(previous: tuple[float, float] | None, current: tuple[float, float])
     return previous[0] - current[0] > Z_ONE_SIDED_5 * math.sqrt(previous[1] + current[1])
 
 
-def _window_stats(values: list[float]) -> tuple[float, float]:
+def _window_stats(values: Sequence[float]) -> tuple[float, float]:
     """Mean and the variance of the mean of a window (iid; a conservative plateau test)."""
     values = np.asarray(values, dtype=float)
     return float(values.mean()), float(values.var(ddof=1) / len(values))
 
 
-class SamplingControl(Control):
-    """Burn-in, step-size adaptation, draws and the convergence test of a Langevin ensemble.
+class SamplingState(NamedTuple):
+    """:class:`SamplingControl`'s state: the step size and burn-in, the draws and their
+    diagnostics, and the current window's values."""
 
-    It reads the current ``particles`` ``(N, D)``, their ``drift`` and ``logp``, and the
-    ``preconditioner`` ``(diagonal, factor)`` (``None``: no preconditioning); its decisions
-    re-estimate the preconditioner and restart outlying particles during burn-in. ``rate``
-    is the step size (multiplied by ``minibatch_fraction`` once burn-in ends), which the
-    engine writes into the compiled step. ``adapt=False`` keeps a fixed ``learning_rate``.
-    Every step's mean ``V`` and MMD term are kept in :attr:`trace` with the kernel's
-    bandwidth (the ``fit`` group's ``mean_v``, ``mmd`` and ``bandwidth``).
-    """
-
-    saved = (
-        "adapt", "burn_in", "converged", "curvature", "deviations", "ess", "last",
-        "max_rejections", "min_burn_in", "minibatch_fraction", "previous", "rate", "recent",
-        "reestimate", "rejections", "restarted", "rhat", "rhat_excess", "shrink", "steps", "store",
-        "target_ess", "trace", "values", "window",
-    )  # fmt: skip
-
-    kind = "sampling"
-
-    def __init__(
-        self,
-        tol: float | None,
-        *,
-        rate: float,
-        minibatch_fraction: float = 1.0,
-        adapt: bool = True,
-        thin: int = 1,
-        target_ess: int = 400,
-        window: int = 50,
-        min_burn_in: int = 100,
-        max_rejections: int = 30,
-    ):
-        super().__init__(tol)
-        self.restarted = 0  # particles restarted during burn-in (:func:`outlying`)
-        self.minibatch_fraction = minibatch_fraction
-        self.rate, self.adapt, self.target_ess = rate, adapt, target_ess
-        self.window, self.min_burn_in, self.max_rejections = window, min_burn_in, max_rejections
-        self.steps = self.rejections = 0
-        self.burn_in: int | None = None  # the step burn-in ended at
-        self.store = _Draws(thin, window)
-        self.values: list[float] = []
-        self.deviations: list[np.ndarray] = []  # the ensemble's deviations in this window
-        self.last: tuple[np.ndarray, np.ndarray] | None = None  # the last particles, drift
-        self.trace: dict[str, list[float]] = {"mean_v": [], "mmd": [], "bandwidth": []}
-        self.curvature = float("nan")
-        self.shrink = 1.0  # the guard's factor on the curvature's step size
-        self.previous: list[float] | None = None
-        self.ess = self.rhat = self.rhat_excess = float("nan")
-        self.recent: list[np.ndarray] = []  # the last BURN_IN_KEPT states of burn-in
-        # re-estimate the preconditioner from the ensemble during burn-in (not when it
-        # starts as a Gaussian fit's covariance: far from the posterior, the ensemble's
-        # spread is the start's, not the posterior's)
-        self.reestimate = True
-        self.converged = False  # the last convergence check passed
-
-    @property
-    def reads(self) -> tuple[str, ...]:
-        """Burn-in adapts the step, preconditioner and outliers from the whole ensemble;
-        after it only the particles are drawn from (no copies of the rest every step)."""
-        if self.burn_in is None:
-            return ("particles", "drift", "logp", "preconditioner")
-        return ("particles",)
-
-    def observe(self, free_energy, info):
-        for key, values in self.trace.items():
-            values.append(info[key])
-        if not info["accepted"]:
-            self.rejections += 1
-            self.rate /= 4.0
-            self.shrink /= 4.0
-            return Decision("stalled" if self.rejections >= self.max_rejections else None)
-        self.rejections = 0
-        self.steps += 1
-        if self.burn_in is None:
-            return self._burn(float(free_energy), info)
-        if self.store.add(self.steps - self.burn_in, info["particles"]):
-            return Decision(self._check())
-        return GO_ON
-
-    def _burn(self, value: float, info: dict) -> Decision:
-        self.values.append(value)
-        particles, drift, metric = info["particles"], info["drift"], info["preconditioner"]
-        restart = outlying_restart(info["logp"]) if self.adapt else None
-        if restart is not None:
-            worst, best = restart
-            particles, drift = np.array(particles), np.array(drift)
-            particles[worst], drift[worst] = particles[best], drift[best]
-            self.restarted += len(worst)
-            # a restarted particle's jump is no move of the chain, and the window's
-            # values so far are the outlier's (V ~ 1e117 would hide any later trend)
-            self.last, self.values = None, []
-        self.recent = [*self.recent[-(BURN_IN_KEPT - 1) :], np.array(particles)]
-        window_ends = len(self.values) == self.window
-        reestimated = None
-        if self.adapt and metric is not None and self.reestimate:
-            self.deviations.append(particles - particles.mean(axis=0))
-            if window_ends:
-                metric = reestimated = ensemble_preconditioner(self.deviations)
-                self.deviations = []
-        decision = Decision(preconditioner=reestimated, restart=restart)
-        if self.adapt:
-            self.curvature = curvature(particles, drift, metric)
-            # on minibatches the drift of the last step saw other rows: its change is noise
-            if self.last is not None and self.minibatch_fraction == 1:
-                moves = move_curvature(particles - self.last[0], drift - self.last[1], metric)
-                self.curvature = float(np.nanmax([self.curvature, moves]))
-            self.last = np.array(particles), np.array(drift)
-            if np.isfinite(self.curvature) and self.curvature > 0:
-                self.rate = self.shrink * STEP_PER_CURVATURE / self.curvature
-        if not window_ends:
-            return decision
-        previous, self.previous = self.previous, _window_stats(self.values)
-        if self.steps >= self.min_burn_in and not _falling(previous, self.previous):
-            self.burn_in = self.steps
-            if self.adapt and self.minibatch_fraction < 1:
-                self.rate *= self.minibatch_fraction
-        self.values = []
-        return decision
+    rate: float  # the step size
+    store: Draws
+    trace: Trace
+    steps: int = 0
+    rejections: int = 0
+    burn_in: int | None = None  # the step burn-in ended at
+    restarted: int = 0  # particles restarted during burn-in (:func:`outlying`)
+    values: tuple[float, ...] = ()
+    deviations: tuple[np.ndarray, ...] = ()  # the ensemble's deviations in this window
+    last: tuple[np.ndarray, np.ndarray] | None = None  # the last particles, drift
+    curvature: float = float("nan")
+    shrink: float = 1.0  # the guard's factor on the curvature's step size
+    previous: tuple[float, float] | None = None
+    ess: float = float("nan")
+    rhat: float = float("nan")
+    rhat_excess: float = float("nan")
+    recent: tuple[np.ndarray, ...] = ()  # the last BURN_IN_KEPT states of burn-in
+    # re-estimate the preconditioner from the ensemble during burn-in (not when it
+    # starts as a Gaussian fit's covariance: far from the posterior, the ensemble's
+    # spread is the start's, not the posterior's)
+    reestimate: bool = True
+    converged: bool = False  # the last convergence check passed
 
     @property
     def draws(self) -> list[np.ndarray]:
-        return self.store.draws
+        return self.store.draws.items()
 
     @property
     def thin(self) -> int:
@@ -412,23 +332,8 @@ class SamplingControl(Control):
         """The draws that count: the second half of those collected (the first half is
         further burn-in, Gelman & Rubin's halving, so a burn-in that ended too early is
         discarded as the run grows)."""
-        return self.draws[len(self.draws) // 2 :]
-
-    def _check(self) -> str | None:
-        self.ess, self.rhat, self.rhat_excess = chain_diagnostics(np.asarray(self.kept()))
-        self.converged = bool(self.ess >= self.target_ess and self.rhat_excess < MAX_RHAT)
-        return "converged" if self.converged else None
-
-    def conclude(self, reason: str) -> str:
-        """At the step limit, a last check of the draws so far: a converged fit that
-        ``refine`` continued for fewer steps than the next check stays converged."""
-        if reason == "max_steps" and self.burn_in is not None and len(self.kept()) >= 4:
-            return self._check() or reason
-        return reason
-
-    def burn_in_draws(self) -> list[np.ndarray]:
-        """The last states of burn-in (for a fit that never left it)."""
-        return self.recent
+        draws = self.draws
+        return draws[len(draws) // 2 :]
 
     def apart(self) -> tuple[int, str, float] | None:
         """A chain whose draws' mean sits apart from the others' (a particle stuck in
@@ -446,43 +351,170 @@ class SamplingControl(Control):
             return None
         return int(particle), int(coordinate), float(distance[particle, coordinate])
 
-    def settings(self) -> dict:
-        """What the sampling chose and found, for the method group."""
-        out = {"step_size": self.rate, "burn_in": self.burn_in or -1, "thin_used": self.thin}
-        if self.trace["bandwidth"]:
-            out["bandwidth_used"] = self.trace["bandwidth"][-1]
-        out |= {"n_draws": len(self.kept()), "target_ess_used": self.target_ess}
-        out |= {"restarted_in_burn_in": self.restarted}
-        out |= {"ess": self.ess, "rhat": self.rhat}
-        return out | {"rhat_excess": self.rhat_excess}
 
-    def describe(self, reason):
+@dataclass(frozen=True)
+class SamplingControl(Control):
+    """Burn-in, step-size adaptation, draws and the convergence test of a Langevin ensemble.
+
+    It reads the current ``particles`` ``(N, D)``, their ``drift`` and ``logp``, and the
+    ``preconditioner`` ``(diagonal, factor)`` (``None``: no preconditioning); its decisions
+    re-estimate the preconditioner and restart outlying particles during burn-in. Its
+    state's ``rate`` is the step size (``initial_rate`` at first; multiplied by
+    ``minibatch_fraction`` once burn-in ends), which the engine writes into the compiled
+    step. ``adapt=False`` keeps a fixed ``learning_rate``. Every step's mean ``V`` and MMD
+    term are kept in its state's ``trace`` with the kernel's bandwidth (the ``fit`` group's
+    ``mean_v``, ``mmd`` and ``bandwidth``).
+    """
+
+    _: KW_ONLY
+    initial_rate: float
+    minibatch_fraction: float = 1.0
+    adapt: bool = True
+    initial_thin: int = 1
+    target_ess: int = 400
+    window: int = 50
+    min_burn_in: int = 100
+    max_rejections: int = 30
+
+    kind: ClassVar[str] = "sampling"
+
+    def init(self) -> SamplingState:
+        trace = Trace(Series(), Series(), Series())
+        return SamplingState(
+            self.initial_rate, Draws(Series(), self.initial_thin, self.window), trace
+        )
+
+    def rate(self, state):
+        return state.rate
+
+    def reads(self, state):
+        """Burn-in adapts the step, preconditioner and outliers from the whole ensemble;
+        after it only the particles are drawn from (no copies of the rest every step)."""
+        if state.burn_in is None:
+            return ("particles", "drift", "logp", "preconditioner")
+        return ("particles",)
+
+    @staticmethod
+    def keep_preconditioner(state: SamplingState) -> SamplingState:
+        """The preconditioner is a Gaussian fit's covariance: burn-in keeps it."""
+        return state._replace(reestimate=False)
+
+    def observe(self, state, free_energy, info):
+        state = state._replace(trace=state.trace.add(info))
+        if not info["accepted"]:
+            rejections = state.rejections + 1
+            state = state._replace(
+                rejections=rejections, rate=state.rate / 4.0, shrink=state.shrink / 4.0
+            )
+            return state, Decision("stalled" if rejections >= self.max_rejections else None)
+        state = state._replace(rejections=0, steps=state.steps + 1)
+        if state.burn_in is None:
+            return self._burn(state, float(free_energy), info)
+        store, due = state.store.add(state.steps - state.burn_in, info["particles"], self.window)
+        state = state._replace(store=store)
+        if due:
+            state, stop = self._check(state)
+            return state, Decision(stop)
+        return state, GO_ON
+
+    def _burn(
+        self, state: SamplingState, value: float, info: dict
+    ) -> tuple[SamplingState, Decision]:
+        values, last, restarted = (*state.values, value), state.last, state.restarted
+        particles, drift, metric = info["particles"], info["drift"], info["preconditioner"]
+        restart = outlying_restart(info["logp"]) if self.adapt else None
+        if restart is not None:
+            worst, best = restart
+            particles, drift = np.array(particles), np.array(drift)
+            particles[worst], drift[worst] = particles[best], drift[best]
+            restarted += len(worst)
+            # a restarted particle's jump is no move of the chain, and the window's
+            # values so far are the outlier's (V ~ 1e117 would hide any later trend)
+            last, values = None, ()
+        recent = (*state.recent[-(BURN_IN_KEPT - 1) :], np.array(particles))
+        window_ends = len(values) == self.window
+        deviations, reestimated = state.deviations, None
+        if self.adapt and metric is not None and state.reestimate:
+            deviations = (*deviations, particles - particles.mean(axis=0))
+            if window_ends:
+                metric = reestimated = ensemble_preconditioner(deviations)
+                deviations = ()
+        decision = Decision(preconditioner=reestimated, restart=restart)
+        largest, rate = state.curvature, state.rate
+        if self.adapt:
+            largest = curvature(particles, drift, metric)
+            # on minibatches the drift of the last step saw other rows: its change is noise
+            if last is not None and self.minibatch_fraction == 1:
+                moves = move_curvature(particles - last[0], drift - last[1], metric)
+                largest = float(np.nanmax([largest, moves]))
+            last = np.array(particles), np.array(drift)
+            if np.isfinite(largest) and largest > 0:
+                rate = state.shrink * STEP_PER_CURVATURE / largest
+        state = state._replace(
+            values=values, last=last, restarted=restarted, recent=recent,
+            deviations=deviations, curvature=largest, rate=rate,
+        )  # fmt: skip
+        if not window_ends:
+            return state, decision
+        previous, current = state.previous, _window_stats(values)
+        if state.steps >= self.min_burn_in and not _falling(previous, current):
+            state = state._replace(burn_in=state.steps)
+            if self.adapt and self.minibatch_fraction < 1:
+                state = state._replace(rate=state.rate * self.minibatch_fraction)
+        return state._replace(previous=current, values=()), decision
+
+    def _check(self, state: SamplingState) -> tuple[SamplingState, str | None]:
+        ess, rhat, rhat_excess = chain_diagnostics(np.asarray(state.kept()))
+        converged = bool(ess >= self.target_ess and rhat_excess < MAX_RHAT)
+        state = state._replace(ess=ess, rhat=rhat, rhat_excess=rhat_excess, converged=converged)
+        return state, "converged" if converged else None
+
+    def conclude(self, state, reason):
+        """At the step limit, a last check of the draws so far: a converged fit that
+        ``refine`` continued for fewer steps than the next check stays converged."""
+        if reason == "max_steps" and state.burn_in is not None and len(state.kept()) >= 4:
+            state, stop = self._check(state)
+            return state, stop or reason
+        return state, reason
+
+    def settings(self, state: SamplingState) -> dict:
+        """What the sampling chose and found, for the method group."""
+        out = {"step_size": state.rate, "burn_in": state.burn_in or -1, "thin_used": state.thin}
+        if len(state.trace.bandwidth):
+            out["bandwidth_used"] = state.trace.bandwidth.items()[-1]
+        out |= {"n_draws": len(state.kept()), "target_ess_used": self.target_ess}
+        out |= {"restarted_in_burn_in": state.restarted}
+        out |= {"ess": state.ess, "rhat": state.rhat}
+        return out | {"rhat_excess": state.rhat_excess}
+
+    def describe(self, state, reason):
+        kept = len(state.kept())
         if reason == "converged":
             return (
-                f"converged: {len(self.kept())} draws per particle after a burn-in of "
-                f"{self.burn_in} steps and {len(self.draws) - len(self.kept())} more; "
-                f"smallest bulk/tail ESS {self.ess:.0f} >= {self.target_ess}, and the "
-                f"largest R-hat, {self.rhat:.3f}, is {self.rhat_excess:.3f} times what as "
+                f"converged: {kept} draws per particle after a burn-in of "
+                f"{state.burn_in} steps and {len(state.draws) - kept} more; "
+                f"smallest bulk/tail ESS {state.ess:.0f} >= {self.target_ess}, and the "
+                f"largest R-hat, {state.rhat:.3f}, is {state.rhat_excess:.3f} times what as "
                 f"many well-mixed chains show (below the limit of {MAX_RHAT} times)"
             )
         if reason == "stalled":
             return (
-                f"stalled: {self.rejections} consecutive moves produced non-finite values even "
-                f"at step size {self.rate:.2g}"
+                f"stalled: {state.rejections} consecutive moves produced non-finite values even "
+                f"at step size {state.rate:.2g}"
             )
-        if reason == "max_steps" and self.burn_in is None:
+        if reason == "max_steps" and state.burn_in is None:
             return (
                 "reached the maximum number of steps during burn-in: the draws are the "
-                f"last {len(self.recent)} states of burn-in"
+                f"last {len(state.recent)} states of burn-in"
             )
         if reason == "max_steps":
             text = (
-                f"reached the maximum number of steps with {len(self.kept())} draws per "
-                f"particle: smallest ESS {self.ess:.0f} (needs {self.target_ess}), largest "
-                f"R-hat {self.rhat:.3f}, which is {self.rhat_excess:.3f} times what as many "
+                f"reached the maximum number of steps with {kept} draws per "
+                f"particle: smallest ESS {state.ess:.0f} (needs {self.target_ess}), largest "
+                f"R-hat {state.rhat:.3f}, which is {state.rhat_excess:.3f} times what as many "
                 f"well-mixed chains show (needs below {MAX_RHAT} times)"
             )
-            apart = self.apart()
+            apart = state.apart()
             if apart is not None:
                 particle, coordinate, distance = apart
                 text += (
@@ -492,4 +524,13 @@ class SamplingControl(Control):
                     "particle is stuck where the density is flat (an improper ridge)"
                 )
             return text
-        return super().describe(reason)
+        return super().describe(state, reason)
+
+    def restored(self, saved):
+        """Also a checkpoint of an earlier version, whose draws' store held the window."""
+        store, trace = saved.pop("store"), saved.pop("trace")
+        state = super().restored(saved)
+        return state._replace(
+            store=Draws(Series.of(store["draws"]), store["thin"], store["next_check"]),
+            trace=Trace(**{key: Series.of(values) for key, values in trace.items()}),
+        )

@@ -53,23 +53,23 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
         collected (deep: ``(1, N, D)``, the particles as the draws of one chain). A fit that
         never left burn-in has the last states of burn-in instead (:attr:`burn_in_only`),
         or before any step the particles themselves."""
-        control = self.inference.control
-        if self.inference.config.kind == "deep" or control is None:
+        state = self.inference.control_state
+        if self.inference.config.kind == "deep" or state is None:
             return self.particles[None, :, :]  # one chain: the mixture of point masses
-        kept = control.kept() or control.burn_in_draws() or [self.particles]
+        kept = state.kept() or state.recent or [self.particles]
         return np.stack(kept, axis=1)
 
     @property
     def burn_in_only(self) -> bool:
         """Whether :attr:`draws` are burn-in states (the fit never finished burn-in)."""
-        control = self.inference.control
+        state = self.inference.control_state
         kind = self.inference.config.kind
-        return kind != "deep" and control is not None and not control.kept()
+        return kind != "deep" and state is not None and not state.kept()
 
     def check_fit(self, rng: np.random.Generator, max_draws: int) -> Verdict:
         """The verdict on a converged ensemble: its chains' diagnostics (a deep ensemble's
         particles are modes, not draws: family-limited)."""
-        control = self.inference.control
+        state = self.inference.control_state
         if self.inference.config.kind == "deep":
             return Verdict(
                 FAMILY_LIMITED,
@@ -78,12 +78,12 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
                 "Use kind='langevin' (the default) for posterior draws",
             )
         numbers = {
-            "ess": control.ess,
-            "rhat": control.rhat,
-            "rhat_excess": control.rhat_excess,
-            "draws_per_chain": len(control.kept()),
+            "ess": state.ess,
+            "rhat": state.rhat,
+            "rhat_excess": state.rhat_excess,
+            "draws_per_chain": len(state.kept()),
         }
-        apart = control.apart()
+        apart = state.apart()
         if apart is not None:
             particle, coordinate, distance = apart
             return Verdict(
@@ -99,8 +99,9 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
         return Verdict(
             TRUSTWORTHY,
             f"the {len(self.particles)} chains' draws pass the convergence test (smallest "
-            f"ESS {control.ess:.0f} >= {control.target_ess}; largest R-hat {control.rhat:.3f},"
-            f" {control.rhat_excess:.3f} times what as many well-mixed chains show)",
+            f"ESS {state.ess:.0f} >= {self.inference.control.target_ess}; largest R-hat "
+            f"{state.rhat:.3f}, {state.rhat_excess:.3f} times what as many well-mixed chains "
+            "show)",
             "",
             numbers,
         )
@@ -165,12 +166,11 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
         the Langevin kinds has no particle estimate), and for the Langevin kinds its two
         parts ``mean_v`` and ``mmd`` and the kernel's ``bandwidth``."""
         ds = super().fit_group()
-        control = self.inference.control
-        if isinstance(control, SamplingControl):
+        if isinstance(self.inference.control, SamplingControl):
             n = ds.sizes["step"]
-            for key, values in control.trace.items():
+            for key, values in self.inference.control_state.trace._asdict().items():
                 # the last n; steps of an earlier fit() than the controller's are not in it
-                tail = np.asarray(values[-n:] if n else [], dtype=float)
+                tail = np.asarray(values.items()[-n:] if n else [], dtype=float)
                 ds[key] = "step", np.pad(tail, (n - len(tail), 0), constant_values=np.nan)
         ds.attrs["definition"] = (
             "free energy = mean V + (lambda1 / 2) mean_ij kappa(theta_i, theta_j), V = -log p"
@@ -411,9 +411,9 @@ class Ensemble(FlowInference):
         return SamplingControl(
             options.tol,
             minibatch_fraction=self.target.minibatch_fraction,
-            rate=rate,
+            initial_rate=rate,
             adapt=auto,
-            thin=self.config.thin,
+            initial_thin=self.config.thin,
             target_ess=self._target_ess(),
         )
 
@@ -422,7 +422,7 @@ class Ensemble(FlowInference):
         drift and log-density and the preconditioner (``None`` when the fit has none)."""
         if not isinstance(self.control, SamplingControl):
             return {}
-        state, reads = self.approx.state, self.control.reads
+        state, reads = self.approx.state, self.control.reads(self.control_state)
         fields = {
             "particles": state.particles.get_value,
             "drift": state.drift.get_value,
@@ -461,7 +461,7 @@ class Ensemble(FlowInference):
         model's units (on the whole data set; with ``pm.Minibatch`` the ensemble's own
         covariance, re-estimated during burn-in, as without a fit)."""
         if self.own.start_preconditioner and isinstance(self.control, SamplingControl):
-            self.control.reestimate = False  # started from a Gaussian fit's draws
+            self.revise_control(SamplingControl.keep_preconditioner)  # a Gaussian fit's draws
         if not self._preconditioned(options) or self.own.start_preconditioner:
             return
         if not self._fits_a_gaussian_first():  # minibatches: a noisy GF costs more than it saves
@@ -478,7 +478,7 @@ class Ensemble(FlowInference):
             )
         if q is not None:
             self.approx.preconditioner(start_preconditioner(q, self.config.n_particles))
-            self.control.reestimate = False
+            self.revise_control(SamplingControl.keep_preconditioner)
 
     def checkpoint_extra(self) -> dict:
         # what _initialise decided (a loaded fit is rebuilt without running it again)
@@ -505,7 +505,7 @@ class Ensemble(FlowInference):
         out = {"lambda1": self.config.repulsion_used, "lambda2": self.config.temperature_used}
         out |= {f"start_{key}": value for key, value in self.own.start_fit.items()}
         if isinstance(self.control, SamplingControl):
-            out |= self.control.settings()
+            out |= self.control.settings(self.control_state)
         return out
 
 

@@ -353,14 +353,14 @@ class GPF(FlowInference):
                 # tested on a fresh cloud of the best Gaussian: its error and the
                 # quadrature's then add up, and the cap's can be estimated
                 self.own.stages.cloud_checked = True
-            self.control.verify()
+            self.revise_control(Deterministic.verify)
             return None
         if reason == "unverified":
             # the state tested is not at a fixed point: the best one an independent cloud
             # found (the particles' own is nearer their quadrature than the optimum), or the
             # particles' fixed point on a fresh cloud (their quadrature is too coarse). More
             # particles, unless even the cap would not do: then fresh draws every step
-            decrement, n = self.control.last_decrement, len(self.approx.particles)
+            decrement, n = self.control_state.last_decrement, len(self.approx.particles)
             fresh = self.own.stages.cloud_checked
             why = {"decrement_fresh_cloud" if fresh else "decrement_at_best": decrement}
             hopeless = fresh and not cap_would_converge(
@@ -378,7 +378,7 @@ class GPF(FlowInference):
             self.own.stages.stall_restarts += 1
             if not self._restart_cloud(len(self.approx.particles)):
                 return reason
-            self.control.restart()
+            self.revise_control(Deterministic.restart)
             return None
         if reason != "converged":
             return reason
@@ -391,7 +391,7 @@ class GPF(FlowInference):
             # Gaussian must find it at a fixed point too (else it is off the optimum by
             # more than tol, and the cloud grows)
             self.own.stages.cloud_checked = True
-            self.control.verify()
+            self.revise_control(Deterministic.verify)
             return None
         self.own.stages.final_free_energy = self.own.auto.finish(restore_best=False)
         decision = self.own.stages.check(self.approx, self._method_rng)
@@ -561,7 +561,7 @@ class GPF(FlowInference):
         if not (self.fit_options.auto and self._line_search):
             return False
         self.own.auto.reset()  # nothing evaluated at the new hyperparameters yet
-        self.control.restart()
+        self.revise_control(Deterministic.restart)
         return True
 
     def _grow(self, step_count: int, why: dict) -> bool:
@@ -575,7 +575,7 @@ class GPF(FlowInference):
             return False
         self.own.stages.begin(n)
         self.own.stages.stages[-1] |= why
-        self.control.restart()
+        self.revise_control(Deterministic.restart)
         self.own.stages.restart(step_count, 2 * n)
         return True
 
@@ -616,7 +616,7 @@ class GPF(FlowInference):
         if reason == "converged" and self.own.stages.cloud_checked:
             return (
                 f"{super()._describe(reason)}; a fresh cloud of the same Gaussian found it at "
-                f"a fixed point too (decrement {self.control.last_decrement:.2g})"
+                f"a fixed point too (decrement {self.control_state.last_decrement:.2g})"
             )
         if reason == "biased":
             return biased_message(self.stages[-1])

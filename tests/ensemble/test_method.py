@@ -11,6 +11,7 @@ from arviz_stats.base import array_stats
 
 import pymc_gpf
 
+from pymc_gpf.control import Series
 from pymc_gpf.ensemble import control, flow
 from pymc_gpf.ensemble import method as ensemble_method
 from pymc_gpf.target import BatchedTarget
@@ -50,9 +51,9 @@ def test_langevin_draws_have_the_gaussian_moments_up_to_the_known_step_bias(lang
     step rule)."""
     _, approx = langevin
     assert approx.outcome.converged, approx.outcome.message
-    control = approx.inference.control
+    state = approx.inference.control_state
     draws = approx.draws  # (particles, draws, D)
-    assert draws.shape[0] == 20 and control.burn_in is not None
+    assert draws.shape[0] == 20 and state.burn_in is not None
     chains = np.moveaxis(draws, -1, 0)  # (D, chain, draw)
     ess = array_stats.ess(chains, chain_axis=-2, draw_axis=-1, method="mean")
     mean = draws.mean(axis=(0, 1))
@@ -60,7 +61,7 @@ def test_langevin_draws_have_the_gaussian_moments_up_to_the_known_step_bias(lang
     diagonal, factor = approx.preconditioner()
     preconditioner = np.diag(diagonal) + factor.T @ factor
     assert not np.allclose(preconditioner, np.eye(2))  # adapted to the ensemble
-    covariance = flow.ula_gaussian_covariance(np.diag(SD**2), control.rate, preconditioner)
+    covariance = flow.ula_gaussian_covariance(np.diag(SD**2), state.rate, preconditioner)
     expected = np.diag(covariance)
     assert np.all(expected <= SD**2 * 1.06)
     variance = draws.reshape(-1, 2).var(axis=0)
@@ -268,9 +269,9 @@ def test_long_runs_thin_their_draws_to_bound_memory(monkeypatch):
     with _gaussian():
         approx = pm.fit(method="ensemble", inf_kwargs={"target_ess": 1000}, random_seed=3,
                         progressbar=False)  # fmt: skip
-    thin = approx.inference.control.thin
+    thin = approx.inference.control_state.thin
     assert approx.outcome.converged and thin > 1
-    assert len(approx.inference.control.draws) <= 300
+    assert len(approx.inference.control_state.draws) <= 300
     draws = approx.draws
     ess = array_stats.ess(np.moveaxis(draws, -1, 0), chain_axis=-2, draw_axis=-1, method="mean")
     np.testing.assert_array_less(np.abs(draws.mean(axis=(0, 1)) - MU), 4 * SD / np.sqrt(ess))
@@ -297,9 +298,10 @@ def test_thinning_keeps_the_checks_geometric_in_steps(monkeypatch):
     checks come at least 4 D = 400 steps apart and then every 25 % of the run (in steps),
     however often the store thins; a model too large for the store still keeps draws."""
     monkeypatch.setattr(control, "MAX_STORED", 50 * 200)
-    store = control._Draws(thin=1, window=50)
-    particles = np.zeros((2, 100))
-    checks = [step for step in range(1, 40_001) if store.add(step, particles)]
+    store, particles, checks = control.Draws(Series(), 1, 50), np.zeros((2, 100)), []
+    for step in range(1, 40_001):
+        store, due = store.add(step, particles, window=50)
+        checks += [step] if due else []
     assert checks[0] >= 400 and len(store.draws) <= 50 and store.thin >= 512
     checks = np.asarray(checks)
     # at least 4 D steps apart (less a thinning's rounding), and once that is under a
@@ -308,9 +310,9 @@ def test_thinning_keeps_the_checks_geometric_in_steps(monkeypatch):
     late = checks[:-1] >= 1600
     assert np.all(np.diff(checks)[late] / checks[:-1][late] <= 0.3)
     monkeypatch.setattr(control, "MAX_STORED", 100)  # less than one draw
-    store = control._Draws(thin=1, window=50)
+    store = control.Draws(Series(), 1, 50)
     for step in range(1, 200):
-        store.add(step, particles)
+        store, _ = store.add(step, particles, window=50)
     assert control.MIN_STORED // 2 <= len(store.draws) <= control.MIN_STORED
 
 
