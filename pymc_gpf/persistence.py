@@ -42,7 +42,11 @@ GROUP = "checkpoint"
 # a child of the checkpoint: the inner fit a refine continues (GPF's GF with fresh draws),
 # a checkpoint of its own with its free-energy trace, its dimensions prefixed
 CONTINUATION = "continuation"
-FORMAT = 3  # 2: optimiser and controller state named from their fields; 3: a checksum
+# 2: optimiser and controller state named from their fields; 3: a checksum; 4: the
+# controller's settings and state under its state type's field names (no leading underscore;
+# an earlier version cannot read them, so it refuses format 4 by its number)
+FORMAT = 4
+READS = ("3", "4")  # format 3 loads with its controller's names translated
 NETCDF = {"engine": "h5netcdf"}
 ZARR = {"consolidated": False}  # consolidated metadata is not part of zarr format 3
 _OPTIMIZER_CLASSES = {cls.__name__: cls for cls in OPTIMIZERS.values()}
@@ -212,13 +216,13 @@ def _truncated(where: str, err: Exception) -> CheckpointError:
 
 
 def _verify(checkpoint: xr.Dataset, hist: np.ndarray, where: str) -> None:
-    """:class:`CheckpointError` unless ``checkpoint`` has this version's format and its
+    """:class:`CheckpointError` unless ``checkpoint`` has a format this version reads and its
     checksum matches it and the trace ``hist``."""
     saved = checkpoint.attrs.get("format")
-    if saved is None or str(saved) != str(FORMAT):
+    if saved is None or str(saved) not in READS:
         raise CheckpointError(
-            f"{where} has checkpoint format {saved}; this version of pymc-gpf reads format "
-            f"{FORMAT}. Load it with the version that saved it, or fit again."
+            f"{where} has checkpoint format {saved}; this version of pymc-gpf reads formats "
+            f"{' and '.join(READS)}. Load it with the version that saved it, or fit again."
         )
     try:
         matches = checkpoint.attrs.get("checksum") == _checksum(checkpoint, hist)

@@ -230,7 +230,7 @@ def test_clear_errors(tmp_path, regression_model, regression_data):
         pymc_gpf.load(approx.sample(5), model=regression_model)
     old = approx.to_datatree()
     old["checkpoint"].attrs["format"] = 1  # written by pymc-gpf 0.1
-    reads = "format 1; this version of pymc-gpf reads format 3"
+    reads = "format 1; this version of pymc-gpf reads formats 3 and 4"
     with pytest.raises(pymc_gpf.CheckpointError, match=reads):
         pymc_gpf.load(old, model=regression_model)
     with pytest.raises(ValueError, match="Nothing to save yet: fit first"):
