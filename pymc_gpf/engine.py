@@ -133,11 +133,20 @@ class FlowInference(Inference):
         (:meth:`pymc_gpf.control.RunningAverage.correlation_times`) or only takes the step's."""
         return True
 
-    def __init__(self, *, model=None, random_seed=None, start=None, devices=None, **options):
-        if self.Config is not None:
-            self.config = self.Config(**options)
+    def __init__(
+        self, *, model=None, random_seed=None, start=None, devices=None,
+        config: MethodConfig | None = None, initial_particles: np.ndarray | None = None,
+        **options,
+    ):  # fmt: skip
+        # a method's __init__ hands over its config (and its initial particles); one
+        # without a constructor of its own has its keywords made into its ``Config``
+        if config is None and self.Config is not None:
+            config = self.Config(**options)
         elif options:
             raise TypeError(f"{type(self).__name__} got unexpected keywords {sorted(options)}")
+        self.config = config  # the constructor's options, frozen; never replaced
+        # explicit starting points (GPF's, WVGD's initial_particles), as given; or None
+        self.initial_particles = initial_particles
         self.target = batched_target(model)
         self.target.row_sharding = row_sharding(devices)
         self.record = FitRecord()  # the trace, step sizes, outcome and cost of all fits

@@ -287,11 +287,13 @@ class Ensemble(FlowInference):
         start: dict | None = None,
         devices=None,
     ):
-        self.config = EnsembleConfig(
+        config = EnsembleConfig(
             kind, n_particles, temperature, repulsion, bandwidth, init, init_scale, thin,
             target_ess, precondition,
         )  # fmt: skip
-        super().__init__(model=model, random_seed=random_seed, start=start, devices=devices)
+        super().__init__(
+            config=config, model=model, random_seed=random_seed, start=start, devices=devices
+        )
 
     # the Gaussian fit the ensemble started from, if any (its numbers; saved with the fit)
     start_fit = property(lambda self: self.own.start_fit)

@@ -278,8 +278,10 @@ class GF(FlowInference):
         n_samples: int | str | None = None,
     ):
         draws = renamed("GF", "n_samples", "draws_per_step", n_samples, draws_per_step, AUTO)
-        self.config = GFConfig(rank, draws, structure, natural_mean, init, init_scale)
-        super().__init__(model=model, random_seed=random_seed, start=start, devices=devices)
+        config = GFConfig(rank, draws, structure, natural_mean, init, init_scale)
+        super().__init__(
+            config=config, model=model, random_seed=random_seed, start=start, devices=devices
+        )
 
     def _initialise(self) -> GFApproximation:
         config, d = self.config, self.target.ndim

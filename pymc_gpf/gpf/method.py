@@ -232,9 +232,11 @@ class GPF(FlowInference):
         jitter: float | None = None,
     ):
         init_scale = renamed("GPF", "jitter", "init_scale", jitter, init_scale, 0.1)
-        self.config = GPFConfig(n_particles, structure, natural_mean, cloud, init, init_scale)
-        self.initial_particles = initial_particles
-        super().__init__(model=model, random_seed=random_seed, start=start, devices=devices)
+        config = GPFConfig(n_particles, structure, natural_mean, cloud, init, init_scale)
+        super().__init__(
+            config=config, initial_particles=initial_particles, model=model,
+            random_seed=random_seed, start=start, devices=devices,
+        )  # fmt: skip
 
     stages = property(lambda self: self.own.stages.stages)
     final_free_energy = property(lambda self: self.own.stages.final_free_energy)

@@ -304,9 +304,11 @@ class WVGD(FlowInference):
         draws = renamed(
             "WVGD", "n_samples", "draws_per_particle", n_samples, draws_per_particle, 50
         )
-        self.config = WVGDConfig(n_particles, draws, init_scale, init, weight_memory, whiten)
-        self.initial_particles = initial_particles
-        super().__init__(model=model, random_seed=random_seed, start=start, devices=devices)
+        config = WVGDConfig(n_particles, draws, init_scale, init, weight_memory, whiten)
+        super().__init__(
+            config=config, initial_particles=initial_particles, model=model,
+            random_seed=random_seed, start=start, devices=devices,
+        )  # fmt: skip
 
     @property
     def whitens(self) -> bool:
