@@ -50,6 +50,7 @@ from pymc_gpf.options import (
     parse_fit_options,
     parse_learning_rate,
 )
+from pymc_gpf.protocols import Initialised
 from pymc_gpf.record import FitRecord
 from pymc_gpf.stepgraph import compile_step
 from pymc_gpf.target import LARGE_DATA, batched_target
@@ -133,11 +134,20 @@ class FlowInference(Inference):
         (:meth:`pymc_gpf.control.RunningAverage.correlation_times`) or only takes the step's."""
         return True
 
-    def __init__(self, *, model=None, random_seed=None, start=None, devices=None, **options):
-        if self.Config is not None:
-            self.config = self.Config(**options)
+    def __init__(
+        self, *, model=None, random_seed=None, start=None, devices=None,
+        config: MethodConfig | None = None, initial_particles: np.ndarray | None = None,
+        **options,
+    ):  # fmt: skip
+        # a method's __init__ hands over its config (and its initial particles); one
+        # without a constructor of its own has its keywords made into its ``Config``
+        if config is None and self.Config is not None:
+            config = self.Config(**options)
         elif options:
             raise TypeError(f"{type(self).__name__} got unexpected keywords {sorted(options)}")
+        self.config = config  # the constructor's options, frozen; never replaced
+        # explicit starting points (GPF's, WVGD's initial_particles), as given; or None
+        self.initial_particles = initial_particles
         self.target = batched_target(model)
         self.target.row_sharding = row_sharding(devices)
         self.record = FitRecord()  # the trace, step sizes, outcome and cost of all fits
@@ -160,13 +170,22 @@ class FlowInference(Inference):
         self._start = start
         self._start_note = ""  # how the start was narrowed, if it was (_narrow_start)
         self._seed(random_seed)
-        # the options as this fit resolved them (a particle count for initial_particles,
-        # GF's rank): set by the method's _initialise; ``config`` stays as given
-        self.resolved = self.config
         # options changed after construction, over ``resolved`` (which stays as built): the
         # start narrowed mid-fit, a loaded fit's init (:attr:`options_in_effect`)
         self.adjusted: dict[str, Any] = {}
-        self._approx = self._initialise()
+        self._start_from(self._initialise())
+
+    def _start_from(self, initialised: Initialised) -> None:
+        """Keep what the method's ``_initialise`` decided
+        (:class:`~pymc_gpf.protocols.Initialised`): q at the start; the options as this fit
+        resolved them (a particle count for initial_particles, GF's rank; ``config`` stays
+        as given); q's structure (GF, GPF); the method's own state."""
+        self._approx = initialised.approx
+        self.resolved = initialised.resolved if initialised.resolved is not None else self.config
+        self.structure = initialised.structure
+        # what the method keeps over its fits besides the record: one object, created by
+        # _initialise, whose fields the method updates (None: nothing of its own)
+        self.own = initialised.own
 
     approx = property(lambda self: self._approx)
     model = property(lambda self: self.target.model)
@@ -789,4 +808,4 @@ def configure(inference: FlowInference, *, model=None, random_seed=None, start=N
         inference._start = start
     if random_seed is not None:
         inference._seed(random_seed)
-    inference._approx = inference._initialise()
+    inference._start_from(inference._initialise())

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import pymc as pm
@@ -17,9 +17,10 @@ from pymc_gpf.config import MethodConfig
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.options import FitOptions
 from pymc_gpf.stepgraph import StepGraph
+from pymc_gpf.structure import Structure
 from pymc_gpf.target import BatchedTarget
 
-__all__ = ["Density", "FittedApproximation", "Method"]
+__all__ = ["Density", "FittedApproximation", "Initialised", "Method"]
 
 
 class Density(Protocol):
@@ -68,6 +69,20 @@ class FittedApproximation(Protocol):
     def method_group(self) -> xr.Dataset: ...
 
 
+class Initialised(NamedTuple):
+    """What a method's ``_initialise`` decided; the engine keeps each field as the
+    inference's attribute of the same name (``approx``: the inference's ``approx``), at
+    construction and again where ``pm.fit``'s ``random_seed`` or ``start`` reset a fit."""
+
+    approx: FittedApproximation  # q at the start (its ``params`` hold the fitted state)
+    # the options as the fit resolved them (GPF's particle count, GF's rank); None: ``config``
+    resolved: MethodConfig | None = None
+    structure: Structure | None = None  # q's block structure (GF, GPF)
+    # what the method keeps over its fits besides the engine's record, one object whose
+    # fields it updates (GPF's GPFState, WVGD's WVGDState, the ensemble's EnsembleStart)
+    own: Any = None
+
+
 class Method(Protocol):
     """What a method provides to the engine (:class:`pymc_gpf.engine.FlowInference`), the
     registry, persistence and diagnostics. A subclass of ``FlowInference`` that sets
@@ -75,11 +90,13 @@ class Method(Protocol):
     in a single module)."""
 
     name: str
-    config: MethodConfig  # the constructor's options, frozen
-    resolved: MethodConfig  # the options as the fit resolved them (set by _initialise)
+    config: MethodConfig  # the constructor's options, frozen (handed to the engine's __init__)
+    resolved: MethodConfig  # the options as the fit resolved them (from _initialise's answer)
 
-    def _initialise(self) -> FittedApproximation:
-        """The approximation at the starting point (its ``params`` hold the fitted state)."""
+    def _initialise(self) -> Initialised:
+        """Where the fit starts, decided from the inference as built (``config``, the
+        start, the initial stream): the approximation and what else the method resolved,
+        which the engine keeps. It assigns no attribute of the inference."""
 
     def _build_step(self, options: FitOptions) -> StepGraph | None:
         """One iteration for the fit keywords ``options`` (:class:`pymc_gpf.options.FitOptions`):

@@ -67,11 +67,12 @@ def test_imports_only_point_down():
 
 # ----------------------------------------------- who writes an inference's attributes
 # The engine (engine.py) owns a fit's attributes and the record type (record.py) its record:
-# elsewhere an inference (a FlowInference subclass) assigns attributes of its own only while
-# it is built (__init__, _initialise: a method's state goes into one object created there,
-# whose fields it then updates), and nothing assigns another inference's attributes.
+# nothing else assigns an inference's attributes, not even its own while it is built. A
+# method's __init__ hands its config (and initial particles) to FlowInference.__init__, and
+# its _initialise returns what it decided (pymc_gpf.protocols.Initialised: q, the resolved
+# options, the structure, its own state in one object whose fields it then updates), which
+# the engine assigns.
 OWNERS = {"engine.py", "record.py"}
-BUILDING = {"__init__", "_initialise"}
 
 
 def _trees() -> dict[Path, ast.Module]:
@@ -140,7 +141,7 @@ def _writes_to_inferences(path: Path, tree: ast.Module, classes: set[str]) -> li
     for function in functions:
         holders = _inference_names(function, classes)
         owner = inside_inference.get(id(function))
-        if owner is not None and function.name not in BUILDING:
+        if owner is not None:
             holders.add("self")
         for node in ast.walk(function):
             for attribute in _stored(node):
@@ -158,8 +159,8 @@ def _writes_to_inferences(path: Path, tree: ast.Module, classes: set[str]) -> li
 
 
 def inference_writes(trees: dict[Path, ast.Module]) -> list[str]:
-    """Assignments to an inference's attributes outside the engine and the record type,
-    except the inference's own while it is built."""
+    """Assignments to an inference's attributes outside the engine and the record type
+    (an inference's own included, in any of its methods)."""
     classes = _inference_classes(trees)
     found = []
     for path, tree in trees.items():
@@ -176,18 +177,24 @@ def test_only_the_engine_writes_an_inference_attributes():
 def test_the_write_check_sees_writes():
     trees = _trees()
     gpf = PACKAGE / "gpf" / "method.py"
-    planted = gpf.read_text().replace(
-        "    def _fitted_settings(self) -> dict:\n",
-        "    def _fitted_settings(self) -> dict:\n        self.n_seen = 1\n"
-        "        self.approx.inference.x, y = 2, 3\n        gf = GF()\n        gf.state += 1\n",
-    )
-    assert planted != gpf.read_text()
+    planted = gpf.read_text()
+    for where, line in [
+        ("    def _fitted_settings(self) -> dict:\n", "        self.n_seen = 1\n"
+         "        self.approx.inference.x, y = 2, 3\n        gf = GF()\n        gf.state += 1\n"),
+        # while it is built too: the engine assigns what __init__ hands over and
+        # _initialise returns
+        ("    def _initialise(self) -> Initialised:\n", "        self.structure = None\n"),
+        ("        jitter: float | None = None,\n    ):\n", "        self.initial_particles = 1\n"),
+    ]:  # fmt: skip
+        assert planted.count(where) == 1
+        planted = planted.replace(where, where + line)
     trees[gpf] = ast.parse(planted)
     found = "\n".join(inference_writes(trees))
     assert "GPF._fitted_settings assigns self.n_seen" in found
     assert "assigns self.approx.inference.x" in found
     assert "assigns gf.state" in found
-    # a module-level function writing to a parameter named inference
+    assert "GPF._initialise assigns self.structure" in found
+    assert "GPF.__init__ assigns self.initial_particles" in found
     # module-level functions writing to a parameter named inference, or annotated as one
     trees[PACKAGE / "planted.py"] = ast.parse(
         "def f(inference):\n    inference.done = True\n"

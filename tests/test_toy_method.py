@@ -20,6 +20,7 @@ import pymc_gpf
 from pymc_gpf.approximation import ParticleCloud
 from pymc_gpf.config import MethodConfig
 from pymc_gpf.engine import FlowInference
+from pymc_gpf.protocols import Initialised
 from pymc_gpf.start import initial_cloud
 from pymc_gpf.stepgraph import Info, StepGraph
 
@@ -40,11 +41,10 @@ class Toy(FlowInference):
 
     name, Config = "toy", ToyConfig
 
-    def _initialise(self) -> ParticleCloud:
+    def _initialise(self) -> Initialised:
         options = self.config.options()
-        return ParticleCloud(
-            self, initial_cloud(self.target, self._start, self._init_rng, **options)
-        )
+        cloud = initial_cloud(self.target, self._start, self._init_rng, **options)
+        return Initialised(ParticleCloud(self, cloud))
 
     def _build_step(self, options) -> StepGraph:
         state = ToyState(self.approx.shared_particles)

@@ -28,6 +28,7 @@ from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.gf.method import GF, fit_inside
 from pymc_gpf.options import FitOptions
+from pymc_gpf.protocols import Initialised
 from pymc_gpf.start import initial_centre, initial_cloud
 from pymc_gpf.stepgraph import StepGraph, dynamic_rows, share, standard_normal
 from pymc_gpf.verdict import FAMILY_LIMITED, NOT_CONVERGED, TRUSTWORTHY, Verdict
@@ -287,45 +288,47 @@ class Ensemble(FlowInference):
         start: dict | None = None,
         devices=None,
     ):
-        self.config = EnsembleConfig(
+        config = EnsembleConfig(
             kind, n_particles, temperature, repulsion, bandwidth, init, init_scale, thin,
             target_ess, precondition,
         )  # fmt: skip
-        super().__init__(model=model, random_seed=random_seed, start=start, devices=devices)
+        super().__init__(
+            config=config, model=model, random_seed=random_seed, start=start, devices=devices
+        )
 
     # the Gaussian fit the ensemble started from, if any (its numbers; saved with the fit)
     start_fit = property(lambda self: self.own.start_fit)
 
-    def _initialise(self) -> EnsembleApproximation:
+    def _initialise(self) -> Initialised:
         config, target = self.config, self.target
-        self.own = EnsembleStart(init_used=config.resolved_init)
+        own = EnsembleStart(init_used=config.resolved_init)
         automatic = config.init == "auto" and self._fits_a_gaussian_first()
         if config.resolved_init == "gaussian" or automatic:
             dense = flow.factor_rows(config.n_particles, target.ndim) == target.ndim
-            q, self.own.start_fit = gaussian_start(
+            q, own.start_fit = gaussian_start(
                 target.model, self._start, self._init_rng, "full" if dense else "diagonal",
                 check=automatic,
             )  # fmt: skip
             # "auto" starts at the initial point even where the fit is trustworthy: a mode q
             # never visits is invisible to its importance check (a mixture's mirror mode),
             # and chains started in q's mode would never find it
-            self.own.start_q = q
+            own.start_q = q
             if q is not None and config.init == "gaussian":
                 approx = EnsembleApproximation(self, self._overdispersed(q))
                 approx.preconditioner(start_preconditioner(q, config.n_particles))
-                self.own.start_preconditioner = True
-                self.own.init_used = "gaussian"
-                return approx
-            self.own.init_used = "initial_point"
-        q, spread, centre = self.own.start_q, None, None
-        if q is not None and self.own.start_fit.get("converged"):
-            centre = initial_centre(target, self._start, self.own.init_used, self._init_rng)
+                own.start_preconditioner = True
+                own.init_used = "gaussian"
+                return Initialised(approx, own=own)
+            own.init_used = "initial_point"
+        q, spread, centre = own.start_q, None, None
+        if q is not None and own.start_fit.get("converged"):
+            centre = initial_centre(target, self._start, own.init_used, self._init_rng)
             # reported, and named in the remedy of a fit that did not converge: from beyond
             # far_start the chains can spend any number of steps crossing a region where
             # q's metric is not the posterior's. They still start here, not at q's draws:
             # started there, the ensembles tutorial's chains all stayed in q's mode and
             # passed R-hat, one of two mirror modes of equal mass missed
-            self.own.start_fit["initial_point_distance"] = float(q.distance(centre)[0])
+            own.start_fit["initial_point_distance"] = float(q.distance(centre)[0])
             # around the initial point at q's scales and orientation, not the model's: a
             # slope on predictors in the thousands has a posterior sd of 5e-5, and unit
             # noise there put the chains 10^4 sds out, on a flat ridge of an improper
@@ -333,9 +336,9 @@ class Ensemble(FlowInference):
             spread = lambda n, rng: q.sample(n, rng) - q.mean  # noqa: E731
         particles = initial_cloud(
             target, self._start, self._init_rng, n_particles=config.n_particles,
-            init_scale=config.init_scale, init=self.own.init_used, spread=spread, centre=centre,
+            init_scale=config.init_scale, init=own.init_used, spread=spread, centre=centre,
         )  # fmt: skip
-        return EnsembleApproximation(self, particles)
+        return Initialised(EnsembleApproximation(self, particles), own=own)
 
     def _remedy(self, reason: str) -> str:
         below = self._below_the_posterior() if reason == "max_steps" else None

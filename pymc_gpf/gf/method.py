@@ -31,6 +31,7 @@ from pymc_gpf.gf.parameters import (
     standardised_pairs,
 )
 from pymc_gpf.options import AUTO, FitOptions, resolve_natural_mean
+from pymc_gpf.protocols import Initialised
 from pymc_gpf.start import initial_centre
 from pymc_gpf.stepgraph import StepGraph, share, share_init, standard_normal, values
 from pymc_gpf.structure import Structure, find_locals, parse_structure
@@ -278,21 +279,23 @@ class GF(FlowInference):
         n_samples: int | str | None = None,
     ):
         draws = renamed("GF", "n_samples", "draws_per_step", n_samples, draws_per_step, AUTO)
-        self.config = GFConfig(rank, draws, structure, natural_mean, init, init_scale)
-        super().__init__(model=model, random_seed=random_seed, start=start, devices=devices)
+        config = GFConfig(rank, draws, structure, natural_mean, init, init_scale)
+        super().__init__(
+            config=config, model=model, random_seed=random_seed, start=start, devices=devices
+        )
 
-    def _initialise(self) -> GFApproximation:
+    def _initialise(self) -> Initialised:
         config, d = self.config, self.target.ndim
         mean = initial_centre(self.target, self._start, config.init, self._init_rng)
         find = partial(self._find_locals, mean)
         if config.structure == AUTO:
-            self.structure = automatic_structure(self.target, find, config.rank is None)
+            structure = automatic_structure(self.target, find, config.rank is None)
         else:
-            self.structure = parse_structure(config.structure, self.target, find)
-        rank = check_rank(config.rank, self.structure, d)
-        self.resolved = replace(config, rank=rank)
-        factors = initial_factors(self.structure, rank, config.init_scale, d, self.target.dtype)
-        return GFApproximation(self, mean.astype(self.target.dtype), factors)
+            structure = parse_structure(config.structure, self.target, find)
+        rank = check_rank(config.rank, structure, d)
+        factors = initial_factors(structure, rank, config.init_scale, d, self.target.dtype)
+        approx = GFApproximation(self, mean.astype(self.target.dtype), factors)
+        return Initialised(approx, replace(config, rank=rank), structure)
 
     def _find_locals(self, centre: np.ndarray) -> Structure | None:
         return model_locals(self.target, centre)

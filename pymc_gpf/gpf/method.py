@@ -40,6 +40,7 @@ from pymc_gpf.gpf.particles import (
     start_cloud,
 )
 from pymc_gpf.options import AUTO, FitOptions, resolve_natural_mean
+from pymc_gpf.protocols import Initialised
 from pymc_gpf.record import FitRecord
 from pymc_gpf.start import initial_centre
 from pymc_gpf.stepgraph import StepGraph
@@ -232,29 +233,29 @@ class GPF(FlowInference):
         jitter: float | None = None,
     ):
         init_scale = renamed("GPF", "jitter", "init_scale", jitter, init_scale, 0.1)
-        self.config = GPFConfig(n_particles, structure, natural_mean, cloud, init, init_scale)
-        self.initial_particles = initial_particles
-        super().__init__(model=model, random_seed=random_seed, start=start, devices=devices)
+        config = GPFConfig(n_particles, structure, natural_mean, cloud, init, init_scale)
+        super().__init__(
+            config=config, initial_particles=initial_particles, model=model,
+            random_seed=random_seed, start=start, devices=devices,
+        )  # fmt: skip
 
     stages = property(lambda self: self.own.stages.stages)
     final_free_energy = property(lambda self: self.own.stages.final_free_energy)
     particle_free_energy = True
 
-    def _initialise(self) -> GPFApproximation:
+    def _initialise(self) -> Initialised:
         config, target = self.config, self.target
         centre = cache(lambda: initial_centre(target, self._start, config.init, self._init_rng))
-        self.structure = self._resolve_structure(centre)
-        self.own = GPFState()
-        self.resolved = config
+        structure = self._resolve_structure(centre)
         if self.initial_particles is not None:
             particles = check_particles(self.initial_particles, target.dtype, target.labels, "N", 2)
-            self.resolved = replace(config, n_particles=len(particles))
-            return GPFApproximation(self, particles)
-        n = arrow_particles(self.structure) if fitted_by_gf(self.structure) else config.n_particles
+            resolved = replace(config, n_particles=len(particles))
+            return Initialised(GPFApproximation(self, particles), resolved, structure, GPFState())
+        n = arrow_particles(structure) if fitted_by_gf(structure) else config.n_particles
         particles = start_cloud(
             n, config.cloud, config.init_scale, target.ndim, centre, self._init_rng, target.dtype,
         )  # fmt: skip
-        return GPFApproximation(self, particles)
+        return Initialised(GPFApproximation(self, particles), config, structure, GPFState())
 
     def _resolve_structure(self, centre: Callable[[], np.ndarray]) -> Structure:
         """The structure option, ``"auto"`` resolved (see :class:`GPF`); ``centre()`` is the

@@ -16,6 +16,7 @@ from pymc_gpf.errors import DivergenceError
 from pymc_gpf.gf import GF, fit_inside
 from pymc_gpf.gf.parameters import MAX_DEFAULT_RANK
 from pymc_gpf.options import FitOptions
+from pymc_gpf.protocols import Initialised
 from pymc_gpf.start import initial_centre
 from pymc_gpf.stepgraph import (
     StepGraph,
@@ -210,6 +211,9 @@ class WVGDState:
     ``_initialise``; its fields are updated, the object is kept)."""
 
     gaussian_verdict: str | None = None  # of the Gaussian fit whose coordinates it runs in
+    # the initial particles' offsets from the start (None: initial_particles given), which
+    # the whitening maps to its coordinates as they are (:meth:`WVGD._whiten`)
+    spread: np.ndarray | None = None
 
 
 class WVGD(FlowInference):
@@ -304,9 +308,11 @@ class WVGD(FlowInference):
         draws = renamed(
             "WVGD", "n_samples", "draws_per_particle", n_samples, draws_per_particle, 50
         )
-        self.config = WVGDConfig(n_particles, draws, init_scale, init, weight_memory, whiten)
-        self.initial_particles = initial_particles
-        super().__init__(model=model, random_seed=random_seed, start=start, devices=devices)
+        config = WVGDConfig(n_particles, draws, init_scale, init, weight_memory, whiten)
+        super().__init__(
+            config=config, initial_particles=initial_particles, model=model,
+            random_seed=random_seed, start=start, devices=devices,
+        )  # fmt: skip
 
     @property
     def whitens(self) -> bool:
@@ -315,20 +321,19 @@ class WVGD(FlowInference):
         target = self.target
         return self.config.whiten and not target.minibatch and target.ndim <= MAX_DEFAULT_RANK
 
-    def _initialise(self) -> WVGDApproximation:
+    def _initialise(self) -> Initialised:
         config, target = self.config, self.target
-        self.own = WVGDState()
-        self.resolved = config
         if self.initial_particles is not None:
             particles = check_particles(self.initial_particles, target.dtype, target.labels, "J")
-            self.resolved = replace(config, n_particles=len(particles))
-            return WVGDApproximation(self, particles, config.spread, self.whitens)
+            approx = WVGDApproximation(self, particles, config.spread, self.whitens)
+            return Initialised(approx, replace(config, n_particles=len(particles)), own=WVGDState())
         centre = initial_centre(target, self._start, config.init, self._init_rng)
         j, d = config.n_particles, target.ndim
         noise = self._init_rng.standard_normal((j, d)) if j > 1 else np.zeros((1, d))
-        self._spread = (config.spread * noise).astype(target.dtype)
-        particles = (centre + self._spread).astype(target.dtype)
-        return WVGDApproximation(self, particles, config.spread, self.whitens)
+        spread = (config.spread * noise).astype(target.dtype)
+        particles = (centre + spread).astype(target.dtype)
+        approx = WVGDApproximation(self, particles, config.spread, self.whitens)
+        return Initialised(approx, config, own=WVGDState(spread=spread))
 
     # the verdict of the Gaussian fit whose coordinates this fit runs in (None: none)
     gaussian_verdict = property(lambda self: self.own.gaussian_verdict)
@@ -368,7 +373,7 @@ class WVGD(FlowInference):
         state, dtype = self.approx.state, self.target.dtype
         log_scales = state.local_log_scales.get_value()
         if self.initial_particles is None and self.config.init_scale is None:
-            u = self._spread
+            u = self.own.spread
         else:
             inverse = np.linalg.inv(factor)
             u = (self.approx.particles - mean) @ inverse.T
