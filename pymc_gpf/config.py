@@ -2,9 +2,10 @@
 
 A method reads its options from ``inference.config`` (as given; never replaced) and
 ``inference.resolved`` (as the fit resolved them, e.g. a particle count; set at construction,
-never replaced: what changes later, the start narrowed mid-fit or a loaded fit's init, is in
-``inference.adjusted``); the engine saves ``options_in_effect.options()`` (the two together)
-with a fit and rebuilds the method from them.
+and again where ``pm.fit``'s ``random_seed`` or ``start`` restart an inference not yet fitted;
+never replaced once it has fitted: what changes later, the start narrowed mid-fit or a loaded
+fit's init, is in ``inference.adjusted``); the engine saves ``options_in_effect.options()``
+(the two together) with a fit and rebuilds the method from them.
 """
 
 from __future__ import annotations
