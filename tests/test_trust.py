@@ -20,7 +20,9 @@ from scipy import stats
 
 import pymc_gpf
 
+from pymc_gpf.approximation import FlowApproximation
 from pymc_gpf.gaussian import GaussianQ
+from pymc_gpf.stepgraph import CompiledStep
 from pymc_gpf.verdict import (
     FAMILY_LIMITED,
     NOT_CONVERGED,
@@ -226,6 +228,31 @@ def test_a_fresh_cloud_that_would_cross_a_wall_is_not_taken():
                         random_seed=1, progressbar=False)  # fmt: skip
     assert approx.outcome.reason == "stalled"
     assert np.all(np.isfinite(approx.log_density(approx.particles)))
+
+
+def test_every_log_density_a_gpf_fit_evaluates_is_counted(normal_model, monkeypatch):
+    """A fit's evaluation counts are its cost as reported (the verdict's share of it, the
+    speed benchmarks' ratios): every point where GPF's fit evaluated the log-density, in its
+    steps (the independent cloud) and in its stop's tests (the bias check's draws, each
+    fresh cloud's finiteness test), is counted once."""
+    evaluated = []
+    log_density, call = FlowApproximation.log_density, CompiledStep.__call__
+
+    def spy_density(self, points):
+        evaluated.append(len(points))
+        return log_density(self, points)
+
+    def spy_step(self):
+        out = call(self)
+        evaluated.append(int(dict(zip(self.info, out[2:], strict=True))["density_evaluations"]))
+        return out
+
+    monkeypatch.setattr(FlowApproximation, "log_density", spy_density)
+    monkeypatch.setattr(CompiledStep, "__call__", spy_step)
+    approx = pm.fit(
+        method="gpf", model=normal_model, random_seed=1, progressbar=False, check_draws=0
+    )
+    assert approx.inference.density_evaluations == sum(evaluated) > 0
 
 
 def test_the_step_limit_is_not_converged(normal_model):

@@ -585,7 +585,9 @@ class GPF(FlowInference):
         them falls where the log-density is not finite (a hard boundary the particles
         approach): then the fit keeps its cloud."""
         cloud = restart_cloud(self.approx.particles, n, self._method_rng)
-        if not np.all(np.isfinite(self.approx.log_density(cloud))):
+        finite = np.all(np.isfinite(self.approx.log_density(cloud)))
+        self.record.count(densities=len(cloud))
+        if not finite:
             return False
         self.own.auto.restart(cloud)
         return True
