@@ -42,6 +42,8 @@ from pytensor.tensor.math import Argmax
 from pytensor.tensor.shape import Reshape, Shape, Shape_i, SpecifyShape
 from pytensor.tensor.subtensor import Subtensor
 
+from pymc_gpf.rewrites import MAX_UFUNC_OPERANDS
+
 __all__ = ["QuickCVMLinker", "numpy_is_enough", "quick_c_mode"]
 
 # views, shapes, copies, indexing and BLAS calls: NumPy does each in one call whatever the
@@ -106,9 +108,6 @@ _NUMPY_SCALAR_OPS = (
 
 def _vectorisable(composite: Composite) -> bool:
     return all(isinstance(n.op, _NUMPY_SCALAR_OPS) for n in composite.fgraph.apply_nodes)
-
-
-MAX_UFUNC_OPERANDS = 32
 
 
 def numpy_is_enough(node: Apply) -> bool:

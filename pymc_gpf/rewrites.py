@@ -9,6 +9,10 @@
   which evaluates both transcendental branches for every observation and particle; lifted,
   one is evaluated (the same values bit for bit, ~20 % off a logistic-regression step).
   Registered only in the modes we compile with, never globally.
+* A variadic sum or product of more than 31 arrays as a tree of narrower ones, for the
+  functions compiled without C code (:func:`python_mode`): Python mode evaluates an
+  elementwise node with one NumPy ufunc, which takes at most 32 operands, and PyMC's
+  log-density sums one term per free variable (a model with 40 scalar variables failed).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pytensor.graph.basic import Variable
 from pytensor.graph.replace import _vectorize_node, vectorize_graph
 from pytensor.graph.rewriting.basic import in2out, node_rewriter
 from pytensor.scalar import Switch
+from pytensor.scalar import basic as ps
 from pytensor.scan.op import Scan
 from pytensor.tensor import switch
 from pytensor.tensor.basic import AllocDiag, Join, alloc_diag
@@ -36,6 +41,11 @@ from pytensor.tensor.type import TensorType
 
 # after "specialize" (2), where log(sigmoid(x)) becomes -softplus(-x); before fusion (49)
 LIFT_SWITCH_POSITION = 2.5
+# NumPy ufuncs, so Elemwise in Python mode, take at most this many inputs and outputs
+MAX_UFUNC_OPERANDS = 32
+# after the canonicalisation that gathers sums into one variadic node (1)
+SPLIT_POSITION = 48.5
+_ASSOCIATIVE = (ps.Add, ps.Mul, ps.AND, ps.OR, ps.XOR)
 
 
 @_vectorize_node.register(LogSumExp)
@@ -223,6 +233,27 @@ def lift_switch_through_unary(fgraph, node):
     if lifted.type != node.outputs[0].type:
         return None
     return [lifted]
+
+
+@node_rewriter([Elemwise])
+def split_wide_elemwise(fgraph, node):
+    """``op(x_1, ..., x_n)`` of an associative ``op`` on more than
+    :data:`MAX_UFUNC_OPERANDS` operands as ``op`` of narrower ``op`` nodes, each input cast
+    to the output's dtype first (a partial sum of integers must not wrap around)."""
+    op, out = node.op, node.outputs[0]
+    if len(node.inputs) + 1 <= MAX_UFUNC_OPERANDS or not isinstance(op.scalar_op, _ASSOCIATIVE):
+        return None
+    width = MAX_UFUNC_OPERANDS - 1
+    inputs = [x if x.dtype == out.dtype else pt.cast(x, out.dtype) for x in node.inputs]
+    chunks = [inputs[i : i + width] for i in range(0, len(inputs), width)]
+    return [op(*(op(*chunk) if len(chunk) > 1 else chunk[0] for chunk in chunks))]
+
+
+def python_mode() -> Mode:
+    """PyTensor's ``FAST_COMPILE`` (no C code, every node in Python) with wide associative
+    elementwise nodes split (:func:`split_wide_elemwise`): for functions called a few
+    times, where compiling C would cost more than it saves."""
+    return get_mode("FAST_COMPILE").register((in2out(split_wide_elemwise), SPLIT_POSITION))
 
 
 def with_rewrites(mode: str | Mode | None) -> Mode:

@@ -49,7 +49,7 @@ from pymc_gpf.errors import InitialPointError, ModelNotSupportedError
 from pymc_gpf.jaxlink import shard_rows, sync_generators, whole_on_every_host
 from pymc_gpf.linker import quick_c_mode
 from pymc_gpf.reuse import reuse_or_compile
-from pymc_gpf.rewrites import batched_graph, with_rewrites
+from pymc_gpf.rewrites import batched_graph, python_mode, with_rewrites
 
 __all__ = [
     "LARGE_DATA",
@@ -560,7 +560,7 @@ class BatchedTarget(_FlatLayout):
     def check_logp(self) -> Callable:
         """PyMC's own log-density of a point, compiled without C code (for
         :func:`pymc_gpf.start.check_start`)."""
-        return self.remember("check_logp", lambda: self.model.compile_logp(mode="FAST_COMPILE"))
+        return self.remember("check_logp", lambda: self.model.compile_logp(mode=python_mode()))
 
     def quick_gradient(self) -> Callable[[np.ndarray], np.ndarray]:
         """The batched gradient ``X (N, D) -> (N, D)``, compiled without C code: for a few
@@ -568,7 +568,7 @@ class BatchedTarget(_FlatLayout):
 
         def build():
             rows = pt.matrix("rows", dtype=self.dtype)
-            return pytensor.function([rows], self.logp_and_grads(rows)[1], mode="FAST_COMPILE")
+            return pytensor.function([rows], self.logp_and_grads(rows)[1], mode=python_mode())
 
         return self.remember("quick_gradient", build)
 

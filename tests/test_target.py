@@ -22,7 +22,7 @@ from pytensor.tensor.blockwise import Blockwise
 import pymc_gpf.target as target_module
 
 from pymc_gpf import BatchedTarget
-from pymc_gpf.rewrites import lift_switch_through_unary
+from pymc_gpf.rewrites import lift_switch_through_unary, python_mode
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +201,38 @@ def test_switch_of_one_unary_op_is_lifted():
     [out] = fgraph.outputs
     assert out.owner.op == pt.softplus(a).owner.op
     assert isinstance(out.owner.inputs[0].owner.op.scalar_op, Switch)
+
+
+def test_a_sum_wider_than_a_ufunc_compiles_without_c_code():
+    """Python mode evaluates an elementwise node with one NumPy ufunc (at most 32
+    operands); a sum of 80 terms and of int8 terms that overflow int8 as partial sums are
+    split into narrower sums, with the same value as in C."""
+    xs = [pt.scalar(f"x{i}") for i in range(80)]
+    ks = [pt.scalar(f"k{i}", dtype="int8") for i in range(40)]
+    f = pt.scalar("f")
+    total = pt.add(*xs) * 2.0 + pt.add(*ks, f)
+    inputs = [*xs, *ks, f]
+    values = [*np.linspace(-1.0, 2.0, 80), *[np.int8(100)] * 40, 0.5]
+    expected = 2.0 * np.sum(values[:80]) + 4000.0 + 0.5
+    fn = pytensor.function(inputs, total, mode=python_mode())
+    np.testing.assert_allclose(fn(*values), expected, rtol=1e-12)
+
+
+def test_a_model_with_more_free_variables_than_a_ufunc_takes_operands_compiles():
+    """PyMC's log-density adds one term per free variable: with 40, the start check and
+    GF's probing gradient (both compiled without C code) failed before any step of any
+    method. x_i ~ N(0, 1), y = 1 ~ N(sum x, 1): log p and its gradient in closed form."""
+    with pm.Model() as model:
+        xs = [pm.Normal(f"x{i}", 0.0, 1.0) for i in range(40)]
+        pm.Normal("y", pt.add(*xs), 1.0, observed=1.0)
+    target = BatchedTarget(model)
+    rows = np.random.default_rng(0).normal(size=(3, 40))
+    log_norm = -0.5 * np.log(2 * np.pi)
+    logp = 41 * log_norm - 0.5 * (rows**2).sum(1) - 0.5 * (1.0 - rows.sum(1)) ** 2
+    grad = -rows + (1.0 - rows.sum(1))[:, None]
+    point = model.initial_point() | {f"x{i}": rows[0, i] for i in range(40)}
+    np.testing.assert_allclose(target.check_logp()(point), logp[0], rtol=1e-12)
+    np.testing.assert_allclose(target.quick_gradient()(rows), grad, rtol=1e-12)
 
 
 def test_fallback_when_the_graph_cannot_be_vectorised(simplex_model, batched, monkeypatch):
