@@ -23,8 +23,7 @@ PARAMETERS = ("mu", "tau", "theta")
 LABELS = {"nuts": "NUTS (PyMC, 2 chains, one core)", "gf": "GF (defaults)",
           "gf_full": "GF full rank (the Gaussian optimum)", "gpf": "GPF (defaults)",
           "advi": "ADVI", "fullrank_advi": "FullRankADVI"}  # fmt: skip
-# what each method is run up to: GF at full rank did not finish J = 1000 in 18 min
-# (2026-11-26); a full-rank Gaussian holds D^2 numbers
+# the largest J each method runs on (README.md says why)
 UP_TO = {"gf": 10**4, "gf_full": 10**2, "gpf": 10**4, "nuts": 10**4, "advi": 10**4,
          "fullrank_advi": 10**3}  # fmt: skip
 
