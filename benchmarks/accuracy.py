@@ -90,10 +90,9 @@ def sample(approx, draws: int | None, seed: int | None, **kwargs) -> dict[str, n
 
 
 def anchor_row(label: str, out: anchors.AnchorResult, errors) -> Row:
-    """DADVI or Pathfinder with draws; ``warned``: Pathfinder's reported k̂ of 0.7 or more."""
-    warned = out.pareto_k is not None and bool(np.isfinite(out.pareto_k)) and out.pareto_k >= 0.7
+    """DADVI or Pathfinder with draws."""
     return scored(label, errors(out.draws), out.wall_time, out.grad_evals, NAN, out.logp_evals,
-                  warned=warned)  # fmt: skip
+                  warned=out.warned)  # fmt: skip
 
 
 def optimum_row(model, errors, draws: int, **kwargs) -> tuple[Row, optimum.GaussianOptimum]:

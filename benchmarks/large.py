@@ -107,9 +107,7 @@ def low_rank_child(payload: dict) -> dict:
         if not result.draws:
             return {"error": result.status}
         values = result.draws["x"]
-        k = result.pareto_k
-        out |= {"warned": k is not None and bool(np.isfinite(k)) and k >= 0.7,
-                "ends": result.status[:40]}  # fmt: skip
+        out |= {"warned": result.warned, "ends": result.status[:40]}
     else:
         fit = harness.fit_defaults(method, model)
         out["seconds"] = time.perf_counter() - start
