@@ -27,6 +27,12 @@ class AnchorResult:
     pareto_k: float | None = None
     status: str = "ok"
 
+    @property
+    def warned(self) -> bool:
+        """Pathfinder's own warning: a reported k̂ of 0.7 or more."""
+        k = self.pareto_k
+        return k is not None and bool(np.isfinite(k)) and k >= 0.7
+
 
 class _Counted:
     """A compiled function counting its calls and the rows of argument ``rows_arg``."""

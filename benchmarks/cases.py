@@ -378,13 +378,7 @@ class HardCase:
     build: Callable[[], object]
     parameters: tuple[str, ...]  # the free variables compared
     target_accept: float = 0.9
-    # the Gaussian-VI optimum's draws: fewer where log p runs a scan. Fewer are not enough
-    # elsewhere: on the latent GP 2^12 draws left two seeds' optima 0.07 sds apart (2^14:
-    # 0.008); on the random walks (46 664 parameters) 2^12 draws overfit the fixed draws by
-    # 3 nats of ELBO and 2^14 by 0.3 nats (seeds 0.06 sds apart); 2^16: ELBO -305.929, GF's q's
-    # -305.92, seeds 0.0035 sds apart (6.5 min); on the centred radon model 2^12 left them
-    # 0.02 apart (2^14: 0.0015, 23 s), too rough to tell a q 2 % from the optimum
-    optimum_draws: int = 2**14
+    optimum_draws: int = 2**14  # the Gaussian-VI optimum's draws (README.md says why)
 
 
 HARD = {c.name: c for c in (

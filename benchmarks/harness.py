@@ -3,7 +3,9 @@ re-derived: ``benchmarks/README.md``) and read q; child processes; the report's 
 
 from __future__ import annotations
 
+import importlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -268,12 +270,13 @@ def time_per_call(call: Callable[[int], Any], target_seconds: float, repeats: in
     return float(np.median(times))
 
 
-def run_child(payload: dict, **env: str) -> dict:
-    """``python -m benchmarks.speed JSON`` in a fresh process with one BLAS thread and ``env``;
-    its last stdout line is the JSON result (``{"error": ...}`` if it failed)."""
+def run_child(cell: Callable[[dict], dict], payload: dict, **env: str) -> dict:
+    """``cell(payload)`` in a fresh process with one BLAS thread and ``env``: its JSON result
+    (``{"error": ...}`` if it failed)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1", **env}  # fmt: skip
-    argv = [sys.executable, "-m", "benchmarks.speed", json.dumps(payload)]
+    name = f"{cell.__module__}:{cell.__name__}"
+    argv = [sys.executable, "-m", "benchmarks.harness", name, json.dumps(payload)]
     proc = subprocess.run(argv, env=env, cwd=Path(__file__).resolve().parent.parent,
                           capture_output=True, text=True)  # fmt: skip
     lines = proc.stdout.strip().splitlines()
@@ -281,6 +284,26 @@ def run_child(payload: dict, **env: str) -> dict:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return {"error": f"exit {proc.returncode}: {tail[:300]}"}
     return json.loads(lines[-1])
+
+
+def child(name: str, payload: dict) -> dict:
+    """The fresh process of :func:`run_child`: BLAS on one thread, PyMC and warnings quiet."""
+    import scipy.linalg  # noqa: F401  (loads SciPy's OpenBLAS, then limited)
+
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1, user_api="blas")
+    logging.getLogger("pymc").setLevel(logging.ERROR)
+    warnings.simplefilter("ignore")
+    module, function = name.split(":")
+    return getattr(importlib.import_module(module), function)(payload)
+
+
+def memory_mb() -> dict[str, float]:
+    """This process's resident set (``VmRSS``) and its high-water mark (``VmHWM``), in MB."""
+    with open("/proc/self/status") as fh:
+        lines = [line.split(":") for line in fh if line.startswith(("VmRSS", "VmHWM"))]
+    return {key: int(value.split()[0]) / 1024 for key, value in lines}
 
 
 # --------------------------------------------------------------------------------- report
@@ -339,3 +362,7 @@ def colour(label: str) -> str:
     families = {"fullrankadvi": "C3", "advi": "C1", "gpf": "C0", "gf": "C2", "wvgd": "C6",
                 "svgd": "C4", "nuts": "k"}  # fmt: skip
     return next((c for key, c in families.items() if low.startswith(key)), "C7")
+
+
+if __name__ == "__main__":  # a cell of run_child
+    print(json.dumps(child(sys.argv[1], json.loads(sys.argv[2]))))

@@ -1,15 +1,11 @@
-"""Large models (issue 29): a hierarchical normal with J = 10^2 to 10^4 groups (D = J + 2),
-every method at its defaults, against a long NUTS run of the centred model (the same
-posterior); and a model without group effects above D = 1000 (a Gaussian with a
-diagonal-plus-low-rank covariance, exact answer known). Wall time and peak memory of each
-cell in a fresh process."""
+"""Large models: a hierarchical normal with J = 10^2 to 10^4 groups (D = J + 2) against a long
+NUTS run of the centred model, and a Gaussian of the diagonal-plus-low-rank family above
+D = 1000 (exact answer known); every method at its defaults, each cell in a fresh process."""
 
 from __future__ import annotations
 
-import logging
 import tempfile
 import time
-import warnings
 
 from pathlib import Path
 
@@ -23,10 +19,12 @@ PARAMETERS = ("mu", "tau", "theta")
 LABELS = {"nuts": "NUTS (PyMC, 2 chains, one core)", "gf": "GF (defaults)",
           "gf_full": "GF full rank (the Gaussian optimum)", "gpf": "GPF (defaults)",
           "advi": "ADVI", "fullrank_advi": "FullRankADVI"}  # fmt: skip
-# what each method is run up to: GF at full rank did not finish J = 1000 in 18 min
-# (2026-11-26); a full-rank Gaussian holds D^2 numbers
+# the largest J each method runs on (README.md says why)
 UP_TO = {"gf": 10**4, "gf_full": 10**2, "gpf": 10**4, "nuts": 10**4, "advi": 10**4,
          "fullrank_advi": 10**3}  # fmt: skip
+LOW_RANK_LABELS = {"gf": "GF (defaults)", "gpf": "GPF (defaults)",
+                   "advi": "ADVI (PyMC, 10 000 steps)", "pathfinder": "Pathfinder (pymc-extras)",
+                   "nutpie": "nutpie (2 chains, one core)"}  # fmt: skip
 
 
 def columns(posterior) -> np.ndarray:
@@ -35,28 +33,34 @@ def columns(posterior) -> np.ndarray:
     return np.column_stack([f.reshape(len(f), -1) for f in flat])
 
 
-def large_child(payload: dict) -> dict:
-    """One cell: ``payload["method"]`` on J groups (or the reference, saved to a file)."""
-    from benchmarks.speed import memory_mb
+def refit_ms_per_step(model) -> float:
+    """GF's ms per step on a further fit of ``model`` (warm: compiled), without the verdict."""
+    start = time.perf_counter()
+    refit = harness.fit_defaults("gf", model, seed=2, check_draws=0)
+    return 1e3 * (time.perf_counter() - start) / refit.steps
 
-    warnings.simplefilter("ignore")
-    logging.getLogger("pymc").setLevel(logging.ERROR)
-    groups, method = payload["groups"], payload["method"]
-    if method == "reference":
-        draws, chains = payload["reference_draws"], payload["reference_chains"]
-        centred = cases.hierarchical_normal(groups, centred=True)
-        idata = pm.sample(draws, tune=1000, chains=chains, cores=1, random_seed=7,
-                          progressbar=False, model=centred)  # fmt: skip
-        values = columns(idata.posterior)
-        np.savez(payload["path"], mean=values.mean(0), sd=values.std(0, ddof=1))
-        return {}
-    model = cases.hierarchical_normal(groups)
+
+def reference_cell(payload: dict) -> dict:
+    """NUTS on the centred model of J groups: the means and sds of mu, tau, theta, saved."""
+    centred = cases.hierarchical_normal(payload["groups"], centred=True)
+    idata = pm.sample(payload["reference_draws"], tune=1000, chains=payload["reference_chains"],
+                      cores=1, random_seed=7, progressbar=False, model=centred)  # fmt: skip
+    values = columns(idata.posterior)
+    np.savez(payload["path"], mean=values.mean(0), sd=values.std(0, ddof=1))
+    return {}
+
+
+def gf_step_cell(payload: dict) -> dict:
+    """GF's step alone on J groups: a first fit without the verdict, then a timed one."""
+    model = cases.hierarchical_normal(payload["groups"])
+    harness.fit_defaults("gf", model, check_draws=0)
+    return {"ms_per_step": refit_ms_per_step(model)}
+
+
+def large_cell(payload: dict) -> dict:
+    """``payload["method"]`` at its defaults on J groups against the saved reference."""
+    model, method = cases.hierarchical_normal(payload["groups"]), payload["method"]
     start, out = time.perf_counter(), {}
-    if method == "gf_steps":  # the step alone, on a second fit without the verdict
-        harness.fit_defaults("gf", model, check_draws=0)
-        again = time.perf_counter()
-        refit = harness.fit_defaults("gf", model, seed=2, check_draws=0)
-        return {"ms_per_step": 1e3 * (time.perf_counter() - again) / refit.steps}
     if method == "nuts":
         run = harness.nuts(model, draws=payload["nuts_draws"], tune=payload["nuts_draws"])
         values, out["warned"], out["seconds"] = run.values, run.warned, run.seconds
@@ -69,31 +73,17 @@ def large_child(payload: dict) -> dict:
         values = columns(fit.approx.sample(2000, random_seed=2).posterior)
         out |= {"warned": fit.warned, "ends": f"{fit.stop}; {fit.verdict}".strip("; "),
                 "steps": fit.steps, "seconds": time.perf_counter() - start}  # fmt: skip
-        if method == "gf":  # ms per step of a second, warm fit without the verdict
-            again = time.perf_counter()
-            refit = harness.fit_defaults("gf", model, seed=2, check_draws=0)
-            out["ms_per_step"] = 1e3 * (time.perf_counter() - again) / refit.steps
-    out.setdefault("seconds", time.perf_counter() - start)
+        if method == "gf":
+            out["ms_per_step"] = refit_ms_per_step(model)
     reference = np.load(payload["path"])
-    eps_mu, eps_sd = harness.max_errors(values, reference["mean"], reference["sd"])
-    return out | {"eps_mu": eps_mu, "eps_sd": eps_sd, "peak_mb": memory_mb()["VmHWM"]}
+    return out | errors_and_memory(values, reference["mean"], reference["sd"])
 
 
-LOW_RANK_LABELS = {"gf": "GF (defaults)", "gpf": "GPF (defaults)",
-                   "advi": "ADVI (PyMC, 10 000 steps)", "pathfinder": "Pathfinder (pymc-extras)",
-                   "nutpie": "nutpie (2 chains, one core)"}  # fmt: skip
-
-
-def low_rank_child(payload: dict) -> dict:
-    """One cell of the low-rank section: ``payload["method"]`` on the Gaussian of
-    :func:`benchmarks.cases.low_rank_gaussian`, errors of ``draws`` draws against the exact
-    answer."""
-    from benchmarks.speed import memory_mb
-
-    warnings.simplefilter("ignore")
-    logging.getLogger("pymc").setLevel(logging.ERROR)
+def low_rank_cell(payload: dict) -> dict:
+    """``payload["method"]`` at its defaults on :func:`benchmarks.cases.low_rank_gaussian`,
+    errors of ``draws`` draws (ours also q's own errors) against the exact answer."""
     model, mean, sd = cases.low_rank_gaussian(payload["ndim"])
-    method, draws, start, out = payload["method"], payload["draws"], time.perf_counter(), {}
+    method, start, out = payload["method"], time.perf_counter(), {}
     if method == "nutpie":
         import nutpie
 
@@ -108,13 +98,11 @@ def low_rank_child(payload: dict) -> dict:
         if not result.draws:
             return {"error": result.status}
         values = result.draws["x"]
-        k = result.pareto_k
-        out |= {"warned": k is not None and bool(np.isfinite(k)) and k >= 0.7,
-                "ends": result.status[:40]}  # fmt: skip
+        out |= {"warned": result.warned, "ends": result.status[:40]}
     else:
         fit = harness.fit_defaults(method, model)
         out["seconds"] = time.perf_counter() - start
-        values = fit.approx.sample(draws, random_seed=2, return_inferencedata=False)["x"]
+        values = fit.approx.sample(payload["draws"], random_seed=2, return_inferencedata=False)["x"]
         out |= {"warned": fit.warned, "steps": fit.steps, "grads": fit.grads,
                 "ends": f"{fit.stop}; {fit.verdict}".strip("; ")}  # fmt: skip
         if method in ("gf", "gpf"):
@@ -123,30 +111,42 @@ def low_rank_child(payload: dict) -> dict:
             out["q_eps_sd"] = float(np.max(np.abs(np.sqrt(q.marginal_variances()) / sd - 1)))
             out["structure"] = fit.approx.inference.structure.kind
     out.setdefault("seconds", time.perf_counter() - start)
-    values = np.asarray(values).reshape(-1, len(mean))
+    return out | errors_and_memory(np.asarray(values).reshape(-1, len(mean)), mean, sd)
+
+
+def errors_and_memory(values, mean, sd) -> dict:
+    """The largest errors of draws ``(S, P)`` and this process's peak resident memory."""
     eps_mu, eps_sd = harness.max_errors(values, mean, sd)
-    return out | {"eps_mu": eps_mu, "eps_sd": eps_sd, "peak_mb": memory_mb()["VmHWM"]}
+    return {"eps_mu": eps_mu, "eps_sd": eps_sd, "peak_mb": harness.memory_mb()["VmHWM"]}
+
+
+def run_cell(ctx, cell, case: str, payload: dict) -> dict:
+    """``cell`` in a fresh process; its time, memory, errors and warning recorded."""
+    out, method = harness.run_child(cell, payload), payload["method"]
+    if "error" in out:
+        ctx.record(case, method, "failure", 1.0, note=out["error"])
+        return out
+    ctx.record_many(case, method, [
+        ("seconds", out["seconds"], "s"), ("peak_memory", out["peak_mb"], "MB"),
+        ("max_abs_eps_mu", out["eps_mu"], "sd"), ("max_abs_eps_sd", out["eps_sd"], ""),
+        ("warned", float(out["warned"]), "")], note=out["ends"])  # fmt: skip
+    print(f"  {case} {method}: {out['seconds']:.1f} s", flush=True)
+    return out
 
 
 def low_rank(ctx) -> str:
     ndim, draws = ctx.pick(1001, 1200), 4000
-    rows = []
+    rows, case = [], f"D = {ndim}"
     # an untimed fit first: the compilation cache (C or numba, on disk) is then as warm for
     # the first method as for the others
-    harness.run_child(dict(kind="low_rank", ndim=ndim, method="gf", draws=10))
+    harness.run_child(low_rank_cell, dict(ndim=ndim, method="gf", draws=10))
     # quick (CI's smoke run): ours and Pathfinder; ADVI and nutpie take minutes each
     for method in ctx.pick(["gf", "gpf", "pathfinder"], list(LOW_RANK_LABELS)):
-        base = dict(kind="low_rank", ndim=ndim, method=method, draws=draws, nuts_draws=1000)
-        out = harness.run_child(base)
-        label, case = LOW_RANK_LABELS[method], f"D = {ndim}"
+        payload = dict(ndim=ndim, method=method, draws=draws, nuts_draws=1000)
+        out, label = run_cell(ctx, low_rank_cell, case, payload), LOW_RANK_LABELS[method]
         if "error" in out:
-            ctx.record(case, method, "failure", 1.0, note=out["error"])
             rows.append([label, "failed", "", "", "", "", "", "", "", "", out["error"][:80]])
             continue
-        ctx.record_many(case, method, [
-            ("seconds", out["seconds"], "s"), ("peak_memory", out["peak_mb"], "MB"),
-            ("max_abs_eps_mu", out["eps_mu"], "sd"), ("max_abs_eps_sd", out["eps_sd"], ""),
-            ("warned", float(out["warned"]), "")], note=out["ends"])  # fmt: skip
         exact = "—"
         if "q_eps_mu" in out:
             exact = f"{fmt(out['q_eps_mu'], 2)} / {pct(out['q_eps_sd'])} ({out['structure']})"
@@ -156,7 +156,6 @@ def low_rank(ctx) -> str:
                      pct(out["eps_sd"]), "yes" if accurate else "no", exact,
                      fmt(out.get("grads", np.nan)), "yes" if out["warned"] else "no",
                      "**SILENT**" if silent else "", out["ends"]])  # fmt: skip
-        print(f"  low-rank {method}: {out['seconds']:.1f} s", flush=True)
     table = md_table(["method", "seconds", "peak memory (MB)", "max ε_μ", "max ε_σ", "accurate",
                       "q's own ε_μ / ε_σ", "grad evals", "warned", "silent", "ends; verdict"],
                      rows)  # fmt: skip
@@ -164,33 +163,25 @@ def low_rank(ctx) -> str:
 
 
 def large(ctx) -> str:
-    sizes = ctx.pick([100], [100, 1000, 10_000])
     settings = {"reference_draws": ctx.pick(1000, 2000), "reference_chains": ctx.pick(2, 4),
                 "nuts_draws": ctx.pick(500, 1000)}  # fmt: skip
     methods = ctx.pick(["nuts", "gf", "advi"], list(LABELS))  # NUTS first: the ratios
     rows, per_step = [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        for groups in sizes:
+        for groups in ctx.pick([100], [100, 1000, 10_000]):
             case, path = f"J = {groups}", str(Path(tmp) / f"reference_{groups}.npz")
-            base = dict(settings, kind="large", groups=groups, path=path)
-            ref = harness.run_child(dict(base, method="reference"))
+            base = dict(settings, groups=groups, path=path)
+            ref = harness.run_child(reference_cell, base)
             if "error" in ref:
                 rows.append(["reference", f"{groups}", "failed", "", "", "", ref["error"][:80]])
                 continue
             nuts_seconds = np.nan
-            for method in methods:
-                if groups > UP_TO[method]:
-                    continue
-                out = harness.run_child(dict(base, method=method))
+            for method in (m for m in methods if groups <= UP_TO[m]):
+                out = run_cell(ctx, large_cell, case, dict(base, method=method))
                 if "error" in out:
-                    ctx.record(case, method, "failure", 1.0, note=out["error"])
                     rows.append([LABELS[method], f"{groups}", "failed", "", "", "",
                                  out["error"][:80]])  # fmt: skip
                     continue
-                ctx.record_many(case, method, [
-                    ("seconds", out["seconds"], "s"), ("peak_memory", out["peak_mb"], "MB"),
-                    ("max_abs_eps_mu", out["eps_mu"], "sd"), ("max_abs_eps_sd", out["eps_sd"], ""),
-                    ("warned", float(out["warned"]), "")], note=out["ends"])  # fmt: skip
                 if method == "nuts":
                     nuts_seconds = out["seconds"]
                 if "ms_per_step" in out:
@@ -200,9 +191,8 @@ def large(ctx) -> str:
                 rows.append([LABELS[method], f"{groups}", fmt(out["seconds"]), fmt(ratio, 2),
                              f"{out['peak_mb']:.0f}", fmt(out["eps_mu"], 2), pct(out["eps_sd"]),
                              out["ends"] + ("" if out["warned"] else "; silent")])  # fmt: skip
-                print(f"  J = {groups} {method}: {out['seconds']:.1f} s", flush=True)
     for groups in ctx.pick([], [100_000]):  # GF's step only: NUTS would take hours
-        out = harness.run_child(dict(kind="large", groups=groups, method="gf_steps"))
+        out = harness.run_child(gf_step_cell, dict(groups=groups))
         if "ms_per_step" in out:
             per_step[groups + 2] = ctx.record(f"J = {groups}", "gf", "ms_per_step",
                                               out["ms_per_step"], "ms")  # fmt: skip

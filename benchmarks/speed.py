@@ -4,15 +4,14 @@ with the particles split across devices (scale); cells in fresh processes (``REA
 
 from __future__ import annotations
 
-import json
-import logging
 import re
-import sys
 import tempfile
 import time
-import warnings
 
 import numpy as np
+import pymc as pm
+
+import pymc_gpf
 
 from benchmarks import anchors, cases, harness
 from benchmarks.harness import Method, fmt, md_table
@@ -21,14 +20,14 @@ BATCH, SCALING_BATCH, SCALING_DIM, FULL_RANK_MAX_D = 20, 10, 1000, 1000
 LABELS = {"bare": "bare logp+grad", "gpf": "GPF", "gf": "GF full rank", "gf_diag": "GF diagonal",
           "gf_lowrank": "GF rank 10", "wvgd": "WVGD", "advi": "ADVI", "advi_1": "ADVI obj_n_mc=1",
           "fullrank_advi": "FullRankADVI", "svgd": "SVGD"}  # fmt: skip
+STEP_MODELS = {"logistic n=2000, D=50": {"kind": "logistic"},
+               "Gaussian D=20, κ=10": {"kind": "gaussian", "d": 20}}  # fmt: skip
 
 
 def stepper(method: str, model, n: int, backend, default_jitter: bool = False, devices: int = 1):
     """``step(k)`` runs k steps of ``method`` with ``n`` points each after a first call that
     compiles; the gradients one step evaluates; the inference. Ours take the fixed-step update
     (every step asked for runs); PyMC's their default optimiser."""
-    import pymc_gpf
-
     if method == "bare":
         target, wait = pymc_gpf.BatchedTarget(model), lambda out: out
         if backend == "jax":
@@ -88,42 +87,15 @@ def stepper(method: str, model, n: int, backend, default_jitter: bool = False, d
     return step, grads, inference
 
 
-# ------------------------------------------------------------------------ child processes
-def memory_mb() -> dict[str, float]:
-    with open("/proc/self/status") as fh:
-        lines = [line.split(":") for line in fh if line.startswith(("VmRSS", "VmHWM"))]
-    return {key: int(value.split()[0]) / 1024 for key, value in lines}
-
-
-def child(payload: dict) -> dict:
-    """One cell in this fresh process: ``speed`` (first step, warm ms/step, memory),
-    ``startup`` (time to the first step and to a result) or ``scale`` (JAX devices)."""
-    import scipy.linalg  # noqa: F401  (loads SciPy's OpenBLAS, then limited)
-
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(1, user_api="blas")
-    logging.getLogger("pymc").setLevel(logging.ERROR)
-    if payload["kind"] == "startup":
-        model = cases.speed_model({"kind": payload["model"]})
-        start = time.perf_counter()
-        first, note = first_step(payload["method"], model, payload["backend"])
-        middle = time.perf_counter()  # a second fit of the model in this process, new seed
-        first_step(payload["method"], model, payload["backend"], seed=2)
-        return {"first_step": first, "result": middle - start, "note": note,
-                "refit": time.perf_counter() - middle}  # fmt: skip
-    if payload["kind"] == "scale":
-        return scale_child(payload)
-    if payload["kind"] in ("large", "low_rank"):
-        from benchmarks.large import large_child, low_rank_child
-
-        return (large_child if payload["kind"] == "large" else low_rank_child)(payload)
+# ---------------------------------------------------------------------------------- speed
+def step_cell(payload: dict) -> dict:
+    """A fresh process: the first step (warm cache), warm ms per step and resident memory."""
     model = cases.speed_model(payload["model"])
-    baseline, start = memory_mb()["VmRSS"], time.perf_counter()
+    baseline, start = harness.memory_mb()["VmRSS"], time.perf_counter()
     step, _, _ = stepper(payload["method"], model, payload["n"], payload["backend"],
                          payload.get("default_jitter", False))  # fmt: skip
     out = {"first_step_seconds": time.perf_counter() - start, "baseline_rss_mb": baseline,
-           "first_step_peak_rss_mb": memory_mb()["VmHWM"]}  # fmt: skip
+           "first_step_peak_rss_mb": harness.memory_mb()["VmHWM"]}  # fmt: skip
     try:
         with open("/proc/self/clear_refs", "w") as fh:
             fh.write("5")  # resets the high-water mark
@@ -131,30 +103,18 @@ def child(payload: dict) -> dict:
     except OSError:
         reset = False
     out["ms_per_step"] = 1e3 * harness.time_per_call(step, payload["steps_seconds"], 3)
-    out["stepping_peak_rss_mb"] = memory_mb()["VmHWM"] if reset else float("nan")
+    out["stepping_peak_rss_mb"] = harness.memory_mb()["VmHWM"] if reset else float("nan")
     return out
 
 
-# ---------------------------------------------------------------------------------- speed
-def speed(ctx) -> str:
-    per_step_models = ctx.pick(("logistic",), ("logistic", "gaussian"))
-    per_step_methods = ctx.pick(("bare", "gpf", "advi_1"), tuple(LABELS))
-    repeat_seconds, repeats = ctx.pick(0.1, 0.3), ctx.pick(3, 5)
-    dims = ctx.pick((100, 10_000), (100, 1000, 10_000, 100_000))
-    dim_methods = ctx.pick(("gpf",), ("bare", "gpf", "gf_lowrank", "advi_1", "fullrank_advi",
-                                      "svgd"))  # fmt: skip
-    particles = ctx.pick((), (10, 100, 1000))
-    particle_methods = ctx.pick((), ("bare", "gpf", "gf_diag", "advi", "svgd"))
-    models = {"logistic n=2000, D=50": {"kind": "logistic"},
-              "Gaussian D=20, κ=10": {"kind": "gaussian", "d": 20}}  # fmt: skip
+def per_step_table(ctx, repeat_seconds: float, repeats: int) -> str:
+    """Warm ms per step of every method against the bare batched gradient, in this process."""
     rows = []
     for backend in dict.fromkeys(b or ctx.backend for b in ctx.pick((None,), (None, "c"))):
         name = harness.backend_name(backend)
-        for model_name, spec in models.items():
-            if spec["kind"] not in per_step_models:
-                continue
-            model, ms, grads = cases.speed_model(spec), {}, {}
-            for method in per_step_methods:
+        for model_name in ctx.pick(tuple(STEP_MODELS)[:1], tuple(STEP_MODELS)):
+            model, ms, grads = cases.speed_model(STEP_MODELS[model_name]), {}, {}
+            for method in ctx.pick(("bare", "gpf", "advi_1"), tuple(LABELS)):
                 try:
                     step, grads[method], _ = stepper(method, model, BATCH, backend)
                     ms[method] = 1e3 * harness.time_per_call(step, repeat_seconds, repeats)
@@ -170,54 +130,71 @@ def speed(ctx) -> str:
                 rows.append([model_name, name, LABELS[method], fmt(grads[method]), fmt(value),
                              fmt(value / ms["bare"]), fmt(per_grad)])  # fmt: skip
             print(f"  per step: {model_name}, {name}: done", flush=True)
+    return md_table("model | backend | method | gradients / step | ms / step | step / bare | "
+                    "per gradient / bare", rows, left=3)  # fmt: skip
+
+
+def scaling_cell(ctx, case: str, method: str, payload: dict) -> dict | None:
+    """:func:`step_cell` in a fresh process, its numbers recorded (None: skipped)."""
+    if method == "fullrank_advi" and payload["model"]["d"] > FULL_RANK_MAX_D:
+        ctx.record(case, method, "skipped", 1.0, note="memory: D(D+1)/2 parameters")
+        return None
+    out = harness.run_child(step_cell, {**payload, "method": method, "backend": ctx.backend})
+    if "error" in out:
+        ctx.record(case, method, "failure", 1.0, note=out["error"])
+        return out
+    ctx.record_many(case, method, [
+        ("ms_per_step", out["ms_per_step"], "ms"),
+        ("first_step_seconds", out["first_step_seconds"], "s"),
+        ("baseline_rss", out["baseline_rss_mb"], "MB"),
+        ("stepping_peak_rss", out["stepping_peak_rss_mb"], "MB"),
+        ("stepping_peak_over_baseline", out["stepping_peak_rss_mb"] - out["baseline_rss_mb"], "MB"),
+        ("first_step_peak_rss", out["first_step_peak_rss_mb"], "MB")])  # fmt: skip
+    return out
+
+
+def jitter_note(ctx, d: int, repeat_seconds: float) -> str:
+    """Whether GPF at its default init_scale diverges on the largest diagonal Gaussian."""
+    payload = {"model": {"kind": "diagonal", "d": d}, "method": "gpf", "n": SCALING_BATCH,
+               "backend": ctx.backend, "steps_seconds": repeat_seconds,
+               "default_jitter": True}  # fmt: skip
+    out = harness.run_child(step_cell, payload)
+    case = f"diagonal Gaussian D={d}, N={SCALING_BATCH}, default init_scale 0.1"
+    if found := re.search(r"diverged at step (\d+)", out.get("error", "")):
+        step = ctx.record(case, "gpf", "diverged_at_step", int(found.group(1)))
+        return (
+            f"at D = {d:,}, N = {SCALING_BATCH}, GPF with the default init_scale and learning "
+            f"rate 0.001 diverged at step {step} on this target (this run)"
+        )
+    if "error" in out:
+        ctx.record(case, "gpf", "failure", 1.0, note=out["error"])
+        return f"at D = {d:,} GPF with the default init_scale failed: {out['error'][:120]}"
+    ctx.record(case, "gpf", "ms_per_step", out["ms_per_step"], "ms")
+    return f"at D = {d:,}, N = {SCALING_BATCH} the default init_scale ran without diverging here"
+
+
+def speed(ctx) -> str:
+    repeat_seconds, repeats = ctx.pick(0.1, 0.3), ctx.pick(3, 5)
+    dims = ctx.pick((100, 10_000), (100, 1000, 10_000, 100_000))
+    dim_methods = ctx.pick(("gpf",), ("bare", "gpf", "gf_lowrank", "advi_1", "fullrank_advi",
+                                      "svgd"))  # fmt: skip
+    particles = ctx.pick((), (10, 100, 1000))
+    particle_methods = ctx.pick((), ("bare", "gpf", "gf_diag", "advi", "svgd"))
     parts = ["### Cost per step against the bare batched gradient",
              ctx.text("speed_step", repeats=repeats, seconds=repeat_seconds),
-             md_table("model | backend | method | gradients / step | ms / step | step / bare | "
-                      "per gradient / bare", rows, left=3)]  # fmt: skip
+             per_step_table(ctx, repeat_seconds, repeats)]  # fmt: skip
     panels = [p for p in (("D", dims, dim_methods), ("N", particles, particle_methods)) if p[1]]
     results = {}
     for axis, values, methods in panels:
         for value in values:
             d, n = (value, SCALING_BATCH) if axis == "D" else (SCALING_DIM, value)
+            payload = {"model": {"kind": "diagonal", "d": d}, "n": n,
+                       "steps_seconds": repeat_seconds}  # fmt: skip
             for method in methods:
                 case = f"diagonal Gaussian D={d}, N={n}"
-                if method == "fullrank_advi" and d > FULL_RANK_MAX_D:
-                    results[axis, method, value] = None
-                    ctx.record(case, method, "skipped", 1.0, note="memory: D(D+1)/2 parameters")
-                    continue
-                out = results[axis, method, value] = harness.run_child({
-                    "kind": "speed", "model": {"kind": "diagonal", "d": d}, "method": method,
-                    "n": n, "backend": ctx.backend, "steps_seconds": repeat_seconds})  # fmt: skip
-                if "error" in out:
-                    ctx.record(case, method, "failure", 1.0, note=out["error"])
-                    continue
-                ctx.record_many(case, method, [
-                    ("ms_per_step", out["ms_per_step"], "ms"),
-                    ("first_step_seconds", out["first_step_seconds"], "s"),
-                    ("baseline_rss", out["baseline_rss_mb"], "MB"),
-                    ("stepping_peak_rss", out["stepping_peak_rss_mb"], "MB"),
-                    ("stepping_peak_over_baseline",
-                     out["stepping_peak_rss_mb"] - out["baseline_rss_mb"], "MB"),
-                    ("first_step_peak_rss", out["first_step_peak_rss_mb"], "MB")])  # fmt: skip
+                results[axis, method, value] = scaling_cell(ctx, case, method, payload)
             print(f"  scaling {axis}={value}: done", flush=True)
-    d = max(dims)
-    out = harness.run_child({"kind": "speed", "model": {"kind": "diagonal", "d": d},
-                             "method": "gpf", "n": SCALING_BATCH, "backend": ctx.backend,
-                             "steps_seconds": repeat_seconds, "default_jitter": True})  # fmt: skip
-    case = f"diagonal Gaussian D={d}, N={SCALING_BATCH}, default init_scale 0.1"
-    if found := re.search(r"diverged at step (\d+)", out.get("error", "")):
-        step = ctx.record(case, "gpf", "diverged_at_step", int(found.group(1)))
-        jitter = (
-            f"at D = {d:,}, N = {SCALING_BATCH}, GPF with the default init_scale and "
-            f"learning rate 0.001 diverged at step {step} on this target (this run)"
-        )
-    elif "error" in out:
-        ctx.record(case, "gpf", "failure", 1.0, note=out["error"])
-        jitter = f"at D = {d:,} GPF with the default init_scale failed: {out['error'][:120]}"
-    else:
-        ctx.record(case, "gpf", "ms_per_step", out["ms_per_step"], "ms")
-        jitter = (f"at D = {d:,}, N = {SCALING_BATCH} the default init_scale ran without "
-                  "diverging here")  # fmt: skip
+    jitter = jitter_note(ctx, max(dims), repeat_seconds)
     baselines = [o["baseline_rss_mb"] for o in results.values() if o and "error" not in o]
     extra = (f", and N ∈ {{{', '.join(map(str, particles))}}} at D = {SCALING_DIM:,} (ADVI with "
              "`obj_n_mc` = N)") if particles else ""  # fmt: skip
@@ -267,10 +244,6 @@ MODELS = {"logistic": "logistic regression (n = 2000, D = 50; the speed section'
 def first_step(method: str, model, backend: str | None, seed: int = 1) -> tuple[float, str]:
     """``method`` at its defaults: seconds to the end of its first step (NaN without a step to
     time) and a note; the fit is followed by 1000 draws."""
-    import pymc as pm
-
-    import pymc_gpf
-
     start = time.perf_counter()
     if method == "bare":
         target = pymc_gpf.BatchedTarget(model)
@@ -289,6 +262,17 @@ def first_step(method: str, model, backend: str | None, seed: int = 1) -> tuple[
     return first[0], f"{len(approx.hist)} steps, {approx.outcome.reason}; {compiled}"
 
 
+def startup_cell(payload: dict) -> dict:
+    """A fresh process: the first fit's first step and result, then a second fit's result."""
+    model = cases.speed_model({"kind": payload["model"]})
+    start = time.perf_counter()
+    first, note = first_step(payload["method"], model, payload["backend"])
+    middle = time.perf_counter()  # a second fit of the model in this process, new seed
+    first_step(payload["method"], model, payload["backend"], seed=2)
+    return {"first_step": first, "result": middle - start, "note": note,
+            "refit": time.perf_counter() - middle}  # fmt: skip
+
+
 def startup(ctx) -> str:
     cells = ctx.pick((("bare", None), ("gpf", None)), (
         *((m, None) for m in STARTUP_LABELS), ("gpf", "numba"), ("gf", "numba"), ("wvgd", "numba"),
@@ -297,12 +281,12 @@ def startup(ctx) -> str:
     for model in ctx.pick(("eight_schools",), tuple(MODELS)):
         rows = []
         for method, backend in cells:
-            payload = {"kind": "startup", "model": model, "method": method, "backend": backend}
+            payload = {"model": model, "method": method, "backend": backend}
             with tempfile.TemporaryDirectory(prefix="pytensor-cold-") as compiledir:
                 env = {"PYTENSOR_FLAGS": f"base_compiledir={compiledir}"}
-                cold, warm = (harness.run_child(payload, **env) for _ in "cw")
+                cold, warm = (harness.run_child(startup_cell, payload, **env) for _ in "cw")
                 similar = {} if model != "logistic" else harness.run_child(
-                    dict(payload, model="german_credit"), **env)  # fmt: skip
+                    startup_cell, dict(payload, model="german_credit"), **env)  # fmt: skip
             name = backend or "default"
             if "error" in cold or "error" in warm:
                 note = cold.get("error") or warm.get("error")
@@ -322,19 +306,16 @@ def startup(ctx) -> str:
         tables.append(f"**{MODELS[model]}**\n\n" + md_table(
             ["method", "backend", "first step, cold (s)", "result, cold (s)",
              "first step, warm (s)", "result, warm (s)", "result, refit (s)", similar, "fit"],
-            rows,
-            left=2))  # fmt: skip
+            rows, left=2))  # fmt: skip
     return "\n\n".join([ctx.text("startup"), *tables])
 
 
 # ---------------------------------------------------------------------------------- scale
-def scale_child(payload: dict) -> dict:
-    """One configuration, in a process whose JAX sees ``payload["devices"]`` devices."""
+def scale_cell(payload: dict) -> dict:
+    """A fresh process whose JAX sees ``payload["devices"]`` devices: ms per step, the memory
+    the busiest device holds and, split, the collectives of the step."""
     import jax
 
-    warnings.simplefilter("ignore")
-    if payload.get("side_by_side"):
-        return side_by_side()
     step, _, inference = stepper(payload["method"], cases.speed_model(payload["model"]),
                                  payload["n"], "jax", devices=payload["devices"])  # fmt: skip
     seconds = harness.time_per_call(step, payload["seconds"], payload["repeats"])
@@ -372,7 +353,7 @@ def collectives(inference) -> dict[str, int]:
     return out
 
 
-def side_by_side() -> dict:
+def side_by_side(payload: dict) -> dict:
     """Every method at its defaults on one closed-form Gaussian (D = 20, κ = 100), in one
     process with 4 host devices: seconds including compilation, largest errors in sds."""
     model, mean, sd = cases.gaussian_model(20, 100.0)
@@ -410,11 +391,31 @@ def side_by_side() -> dict:
     return {"rows": rows}
 
 
-def run_scale_child(payload: dict, device: str) -> dict:
+def on_devices(cell, payload: dict, device: str) -> dict:
+    """``cell`` in a fresh process whose JAX runs on ``device`` (CPU: as many host devices as
+    ``payload["devices"]``)."""
     env = {"JAX_PLATFORMS": device}
     if device == "cpu":
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={payload['devices']}"
-    return harness.run_child({"kind": "scale", **payload}, **env)
+    return harness.run_child(cell, payload, **env)
+
+
+def side_by_side_table(ctx) -> str:
+    out = on_devices(side_by_side, {"devices": 4}, ctx.device)
+    rows = []
+    for row in out.get("rows", []):
+        if "error" in row:
+            rows.append([row["label"], row["backend"], "fails", "—", "—", row["error"]])
+            continue
+        label = f"{row['label']} {row['backend']}"
+        for metric, unit in (("seconds", "s"), ("mean_error", "sd"), ("sd_error", "")):
+            ctx.record("gaussian D=20", label, metric, row[metric], unit)
+        rows.append([row["label"], row["backend"], fmt(row["seconds"]), fmt(row["mean_error"], 2),
+                     fmt(row["sd_error"], 2), row["status"]])  # fmt: skip
+    if rows:
+        return md_table("method (defaults) | backend | seconds | max mean error (sd) | max sd "
+                        "error | how it ended", rows, left=2)  # fmt: skip
+    return f"The side-by-side run failed: {out.get('error')}" if "error" in out else ""
 
 
 def scale(ctx) -> str:
@@ -427,30 +428,13 @@ def scale(ctx) -> str:
                for n in ctx.pick((10, 100), (10, 100, 1000, 10_000))]  # fmt: skip
     configs += [(f"Gaussian N=12, D={d}", {"kind": "diagonal", "d": d}, 12)
                 for d in ctx.pick((1000,), (100, 10_000, 1_000_000))]  # fmt: skip
-    table = "(the full run only)"
-    if not ctx.quick:
-        out = run_scale_child({"side_by_side": True, "devices": 4}, ctx.device)
-        table = f"The side-by-side run failed: {out.get('error')}" if "error" in out else ""
-        rows = []
-        for row in out.get("rows", []):
-            if "error" in row:
-                rows.append([row["label"], row["backend"], "fails", "—", "—", row["error"]])
-                continue
-            label = f"{row['label']} {row['backend']}"
-            for metric, unit in (("seconds", "s"), ("mean_error", "sd"), ("sd_error", "")):
-                ctx.record("gaussian D=20", label, metric, row[metric], unit)
-            rows.append([row["label"], row["backend"], fmt(row["seconds"]),
-                         fmt(row["mean_error"], 2), fmt(row["sd_error"], 2),
-                         row["status"]])  # fmt: skip
-        if rows:
-            table = md_table("method (defaults) | backend | seconds | max mean error (sd) "
-                             "| max sd error | how it ended", rows, left=2)  # fmt: skip
+    table = "(the full run only)" if ctx.quick else side_by_side_table(ctx)
     results = {}
     for case, spec, n in configs:
         for d, method in ((d, m) for d in devices for m in ("bare", "gpf")):
             payload = {"model": spec, "n": n, "method": method, "devices": d,
                        "seconds": seconds, "repeats": repeats}  # fmt: skip
-            out = results[case, d, method] = run_scale_child(payload, ctx.device)
+            out = results[case, d, method] = on_devices(scale_cell, payload, ctx.device)
             if "error" in out:
                 print(f"   {case} {d} {method}: {out['error']}", flush=True)
                 continue
@@ -494,6 +478,3 @@ SECTIONS = {
                 startup),
     "scale": ("Scale: JAX, particles split across devices", scale),
 }  # fmt: skip
-
-if __name__ == "__main__":
-    print(json.dumps(child(json.loads(sys.argv[1]))))
