@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
 import pytensor.tensor as pt
 
 from pytensor.compile.mode import Mode, get_mode
@@ -74,6 +75,9 @@ def _vectorize_inc_subtensor(op, node, *batched_inputs):
     after the gradient of the batched graph has been taken through it, and that gradient
     (``Join``, ``Split``, ``AdvancedSubtensor`` of a ``Blockwise``) stays a loop. Applied here,
     PyTensor's own rewrite (``local_blockwise_inc_subtensor``) keeps both batched."""
+    rebuilt = _with_integer_indices(op, node, batched_inputs)
+    if rebuilt is not None:
+        op, node, batched_inputs = rebuilt.op, rebuilt, (*batched_inputs[:2], *rebuilt.inputs[2:])
     looped = vectorize_node_fallback(op, node, *batched_inputs)
     if not isinstance(looped.op, Blockwise):
         return looped
@@ -81,6 +85,31 @@ def _vectorize_inc_subtensor(op, node, *batched_inputs):
     if not rewritten or rewritten[0].owner is None or len(rewritten[0].owner.outputs) != 1:
         return looped
     return rewritten[0].owner
+
+
+def _with_integer_indices(op, node, batched_inputs):
+    """The same write with each constant boolean mask replaced by the integer indices of its
+    true entries (the same elements in the same order), which PyTensor's rewrite batches (it
+    refuses masks: PyMC's imputation writes the observed and the imputed values through
+    one); ``None`` when there is no such mask."""
+    x, y, *idxs = node.inputs
+    masks = [i for i, idx in enumerate(idxs) if idx.type.dtype == "bool"]
+    if not masks or not all(
+        isinstance(idxs[i], pt.TensorConstant) and batched_inputs[2 + i] is idxs[i] for i in masks
+    ):
+        return None
+    index = []
+    for entry in op.idx_list:
+        if isinstance(entry, slice):
+            bounds = (entry.start, entry.stop, entry.step)
+            index.append(slice(*(None if at is None else idxs[at] for at in bounds)))
+        elif idxs[entry].type.dtype == "bool":
+            index.extend(pt.as_tensor(where) for where in np.nonzero(idxs[entry].data))
+        else:
+            index.append(idxs[entry])
+    write = pt.set_subtensor if op.set_instead_of_inc else pt.inc_subtensor
+    rebuilt = write(x[tuple(index)], y).owner
+    return rebuilt if rebuilt.inputs[:2] == [x, y] else None
 
 
 @_vectorize_node.register(Join)

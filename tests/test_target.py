@@ -99,7 +99,8 @@ def test_common_model_ops_compile_to_batched_ops_without_a_warning():
     ``AdvancedSetSubtensor``, a Categorical's ``take_along_axis`` over a 2-D Dirichlet, a
     covariance's ``AllocDiag``, imputed observations: one model with all of them compiles with
     no per-particle loop left (a gufunc kernel such as the Cholesky is batched itself), no
-    warning, and PyMC's values and gradients at every particle."""
+    warning, and PyMC's values and gradients at every particle; so do its draws' constrained
+    values, where the imputed values are written back through a boolean mask."""
     rng = np.random.default_rng(2)
     imputed = rng.normal(size=(10, 3))
     imputed[[2, 5], [1, 0]] = np.nan
@@ -123,6 +124,13 @@ def test_common_model_ops_compile_to_batched_ops_without_a_warning():
     assert not {op for op in _looped_ops(fn) if not hasattr(op.core_op, "gufunc_signature")}
     points = 0.3 * np.random.default_rng(3).normal(size=(5, target.ndim))
     _assert_pymc_values(model, target, fn, points)
+    # the draws' constrained values: the imputed observations are written through a mask
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        values = target.compile_constrained()(points)
+    expected = np.repeat(imputed[None], len(points), axis=0)
+    expected[:, np.isnan(imputed)] = values["x_unobserved"]
+    np.testing.assert_array_equal(values["x"], expected)
 
 
 def test_a_loop_over_time_is_one_scan_over_the_batch():
