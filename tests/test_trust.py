@@ -256,8 +256,10 @@ def test_every_log_density_a_gpf_fit_evaluates_is_counted(normal_model, monkeypa
 
 
 def test_the_step_limit_is_not_converged(normal_model):
-    with pytest.warns(pymc_gpf.FitWarning, match="GF did not converge: reached the maximum"):
+    with pytest.warns(pymc_gpf.FitWarning, match="GF did not converge: reached the maximum") as rec:
         approx = pm.fit(5, method="gf", model=normal_model, random_seed=1, progressbar=False)
+    [warning] = [w for w in rec if issubclass(w.category, pymc_gpf.FitWarning)]
+    assert "method='ensemble'" in str(warning.message)  # what sampled a drifting posterior
     assert approx.outcome.verdict == NOT_CONVERGED
     assert approx.outcome.checks["density_evaluations"] == 0  # nothing checked
 

@@ -342,8 +342,8 @@ class Ensemble(FlowInference):
 
     def _remedy(self, reason: str) -> str:
         below = self._below_the_posterior() if reason == "max_steps" else None
-        if below is None:
-            return super()._remedy(reason)
+        if below is None:  # the chains are the alternative the other methods name
+            return "" if reason == "max_steps" else super()._remedy(reason)
         return (
             f"The chains' log-density (median {below[0]:.4g}) is still far below its mean "
             f"under a Gaussian fit ({below[1]:.4g}), whose mean they started "
