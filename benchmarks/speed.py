@@ -15,6 +15,7 @@ import pymc_gpf
 
 from benchmarks import anchors, cases, harness
 from benchmarks.harness import Method, fmt, md_table
+from pymc_gpf.approximation import LOGP_TERMS
 
 BATCH, SCALING_BATCH, SCALING_DIM, FULL_RANK_MAX_D = 20, 10, 1000, 1000
 LABELS = {"bare": "bare logp+grad", "gpf": "GPF", "gf": "GF full rank", "gf_diag": "GF diagonal",
@@ -54,7 +55,7 @@ def stepper(method: str, model, n: int, backend, default_jitter: bool = False, d
     d = pymc_gpf.BatchedTarget(model).ndim  # only D: a target kept alive would count in memory
     # GPF's init_scale 0.1, times sqrt(N/D) for N ≤ D (the speed section's note says why)
     jitter = 0.1 if default_jitter else 0.1 * min(1.0, float(np.sqrt(n / d)))
-    fixed = {"learning_rate": 1e-3}
+    fixed = {"learning_rate": 1e-3, "check_draws": 0}  # each refine would judge the fit
     kind, inf_kwargs, fit_kwargs = {
         "gpf": ("gpf", {"n_particles": n, "init_scale": jitter, "devices": devices}, fixed),
         "gf": ("gf", {"draws_per_step": n}, fixed),
@@ -173,6 +174,61 @@ def jitter_note(ctx, d: int, repeat_seconds: float) -> str:
     return f"at D = {d:,}, N = {SCALING_BATCH} the default init_scale ran without diverging here"
 
 
+def loop_cell(payload: dict) -> dict:
+    """A fresh process: one method's warm default fit (verdict off, the same seed each time) of
+    the logistic regression with n = 1000, D = 26, and the same numbers of batched log-density
+    evaluations, with and without gradient, compiled in C and called bare."""
+    model = cases.speed_model({"kind": "logistic", "d": 26})
+    options = {"method": payload["method"], "model": model, "progressbar": False,
+               "check_draws": 0, "random_seed": 1}  # fmt: skip
+    pm.fit(**options)  # compiles
+    totals, firsts = [], []
+    for _ in range(payload["fits"]):
+        marks, start = [], time.perf_counter()
+        approx = pm.fit(callbacks=[lambda *_, m=marks: m.append(time.perf_counter())], **options)
+        totals.append(time.perf_counter() - start)
+        firsts.append(marks[0] - start)
+    steps, inference = len(approx.hist), approx.inference
+    grads, densities = inference.gradient_evaluations, inference.density_evaluations
+    # the loop from the end of the first step, extended by one step: setup is the rest
+    loop = float(np.median(np.subtract(totals, firsts))) * steps / (steps - 1)
+    target, rng = pymc_gpf.BatchedTarget(model), np.random.default_rng(0)
+    gradient, log_density = target.compile_logp_dlogp(backend="c"), target.compile_logp(backend="c")
+    points = 0.1 * rng.normal(size=(round(grads / steps), target.ndim))
+    cloud, chunk = 0.1 * rng.normal(size=(densities, target.ndim)), LOGP_TERMS // target.data_size
+    bare_gradients = harness.time_per_call(lambda k: [gradient(points) for _ in range(steps * k)],
+                                           0.2, 5)  # fmt: skip
+    bare_densities = harness.time_per_call(
+        lambda k: [log_density(cloud[i : i + chunk]) for _ in range(k)
+                   for i in range(0, densities, chunk)], 0.2, 5)  # fmt: skip
+    return {"steps": steps, "gradients": grads, "densities": densities, "loop": loop,
+            "setup": float(np.median(totals)) - loop, "bare_gradients": bare_gradients,
+            "bare_densities": bare_densities}  # fmt: skip
+
+
+def loop_table(ctx) -> str:
+    """Warm default GPF and GF fits: their loop against the bare cost of what they evaluated."""
+    rows = []
+    for method in ("gpf", "gf"):
+        out = harness.run_child(loop_cell, {"method": method, "fits": ctx.pick(3, 7)})
+        if "error" in out:
+            ctx.record("logistic n=1000, D=26", method, "failure", 1.0, note=out["error"])
+            continue
+        bare = out["bare_gradients"] + out["bare_densities"]
+        ctx.record_many("logistic n=1000, D=26", method, [
+            ("loop_seconds", out["loop"], "s"), ("setup_seconds", out["setup"], "s"),
+            ("loop_over_bare_gradients", out["loop"] / out["bare_gradients"], ""),
+            ("loop_over_bare_evaluations", out["loop"] / bare, "")])  # fmt: skip
+        rows.append([f"{method.upper()} (defaults)", out["steps"], out["gradients"],
+                     out["densities"], fmt(out["setup"]), fmt(out["loop"]),
+                     fmt(out["bare_gradients"]), fmt(out["bare_densities"]),
+                     fmt(out["loop"] / out["bare_gradients"]),
+                     fmt(out["loop"] / bare)])  # fmt: skip
+    return md_table("method | steps | gradient evaluations | log-density evaluations | setup (s) | "
+                    "loop (s) | bare gradients (s) | bare log-densities (s) | loop / bare "
+                    "gradients | loop / bare evaluations", rows)  # fmt: skip
+
+
 def speed(ctx) -> str:
     repeat_seconds, repeats = ctx.pick(0.1, 0.3), ctx.pick(3, 5)
     dims = ctx.pick((100, 10_000), (100, 1000, 10_000, 100_000))
@@ -182,7 +238,9 @@ def speed(ctx) -> str:
     particle_methods = ctx.pick((), ("bare", "gpf", "gf_diag", "advi", "svgd"))
     parts = ["### Cost per step against the bare batched gradient",
              ctx.text("speed_step", repeats=repeats, seconds=repeat_seconds),
-             per_step_table(ctx, repeat_seconds, repeats)]  # fmt: skip
+             per_step_table(ctx, repeat_seconds, repeats),
+             "### A default fit's loop against its own evaluations", ctx.text("speed_loop"),
+             loop_table(ctx)]  # fmt: skip
     panels = [p for p in (("D", dims, dim_methods), ("N", particles, particle_methods)) if p[1]]
     results = {}
     for axis, values, methods in panels:
