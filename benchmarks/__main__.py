@@ -29,6 +29,7 @@ CSV_FIELDS = ["experiment", "case", "method", "metric", "value", "unit", "note"]
 PAPERS = "examples/paper_real_data.py"  # the papers' figures: the tests run them quick
 SECTION_MODULES = {"logistic": PAPERS, "bnn": PAPERS, "wvgd": PAPERS,
                    "reference": "benchmarks/accuracy.py", "hard": "benchmarks/accuracy.py",
+                   "multimodal": "benchmarks/accuracy.py",
                    "minibatch": "benchmarks/accuracy.py", "type2": "benchmarks/accuracy.py",
                    "speed": "benchmarks/speed.py", "startup": "benchmarks/speed.py",
                    "scale": "benchmarks/speed.py", "large": "benchmarks/large.py",

@@ -395,6 +395,75 @@ def minibatch(ctx) -> str:
         rows)  # fmt: skip
 
 
+# ----------------------------------------------------------------------------- multimodal
+def two_components():
+    with pm.Model() as model:
+        pm.NormalMixture("x", w=np.array([0.3, 0.7]), mu=np.array([-3.0, 3.0]), sigma=1.0)
+    return model
+
+
+def unseen_sign():
+    y = np.random.default_rng(11).normal(4.0, 1.0, 20)
+    with pm.Model() as model:
+        x = pm.Normal("x", 0.0, 3.0)
+        pm.Normal("y", x**2, 1.0, observed=y)
+    return model
+
+
+MULTIMODAL = {"0.3 N(-3, 1) + 0.7 N(3, 1)": two_components,
+              "y ~ N(x², 1), n = 20: x and -x fit alike": unseen_sign}  # fmt: skip
+MULTIMODAL_METHODS = {"GPF": "gpf", "GF": "gf", "WVGD": "wvgd", "Langevin ensemble": "ensemble",
+                      "ADVI (PyMC)": "advi", "NUTS (PyMC)": "nuts"}  # fmt: skip
+
+
+def exact_1d(model) -> tuple[float, float, float]:
+    """Mass below 0, mean and sd of a one-variable posterior, by quadrature on a grid."""
+    logp, grid = model.compile_logp(), np.linspace(-15.0, 15.0, 30_001)
+    weights = np.exp([logp({"x": v}) for v in grid])
+    weights /= weights.sum()
+    mean = weights @ grid
+    return float(weights[grid < 0].sum()), float(mean), float(np.sqrt(weights @ (grid - mean) ** 2))
+
+
+def multimodal_fit(method: str, model) -> tuple[np.ndarray, bool, str, float, float]:
+    """``method`` at its defaults: its draws of ``x``, whether it warned, its verdict, its
+    wall time and gradient evaluations."""
+    if method == "nuts":
+        run = harness.nuts(model, 1)
+        return run.values["x"], run.warned, "", run.seconds, run.grads
+    fit = harness.fit_defaults(method, model, **({"backend": None} if method == "advi" else {}))
+    draws = None if method == "ensemble" else 10_000  # the ensemble's own: (chains, draws)
+    x = sample(fit.approx, draws, None if draws is None else 2)["x"]
+    return x, fit.warned and method in harness.OURS, fit.verdict, fit.seconds, fit.grads
+
+
+def multimodal(ctx) -> str:
+    rows = []
+    for case, build in MULTIMODAL.items():
+        model = build()
+        mass, mean, sd = exact_1d(model)
+        for label, method in ctx.pick(tuple(MULTIMODAL_METHODS.items())[1:3],
+                                      MULTIMODAL_METHODS.items()):  # fmt: skip
+            print(f"   {case}: {label}", flush=True)
+            x, fit_warned, verdict, seconds, grads = multimodal_fit(method, model)
+            x = np.ravel(x)
+            error = abs(np.mean(x < 0) - mass)
+            eps_mean, eps_sd = abs(np.mean(x) - mean) / sd, abs(np.std(x) / sd - 1)
+            accurate = error < 0.05 and eps_mean < GOOD and eps_sd < GOOD
+            ctx.record_many(case, label, [
+                ("mass_below_zero", float(np.mean(x < 0)), "fraction"),
+                ("mass_error", error, "fraction"), ("max_abs_eps_mean", eps_mean, "posterior sd"),
+                ("max_abs_eps_sd", eps_sd, "fraction"), ("seconds", seconds, "s"),
+                ("silent", float(not accurate and not fit_warned), "")], verdict)  # fmt: skip
+            rows.append([case, label, fmt(np.mean(x < 0), 2), fmt(mass, 3), fmt(error, 2),
+                         fmt(eps_mean, 2), pct(eps_sd), verdict, "yes" if fit_warned else "no",
+                         "" if accurate or fit_warned else "**SILENT**", fmt(grads),
+                         fmt(seconds)])  # fmt: skip
+    return ctx.text("multimodal") + "\n\n" + md_table(
+        "posterior | method | mass below 0 | exact | error | ε_μ | ε_σ | verdict | warned | silent "
+        "| grad evals | wall (s)", rows, left=2)  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------- type2
 def gp_case(n: int, seed: int = 1):
     """GP regression, ``log ℓ`` and ``log η`` learnt: builder, optimum θ*, −log p(y | θ*)."""
@@ -478,6 +547,8 @@ SECTIONS = {
     "reference": ("Posteriors with outside ground truth (posteriordb, inference-gym)", reference),
     "hard": ("Hard posteriors: unscaled predictors, funnels, GPs, GARCH, ARMA, mixtures, random "
              "walks", hard),
+    "multimodal": ("Several modes: the mass in each, at defaults (exact by quadrature)",
+                   multimodal),
     "minibatch": ("A minibatch regression at defaults (closed-form posterior)", minibatch),
     "type2": ("Type-II maximum likelihood at defaults (closed-form optimum)", type2),
 }  # fmt: skip
