@@ -417,9 +417,11 @@ MULTIMODAL_METHODS = {"GPF": "gpf", "GF": "gf", "WVGD": "wvgd", "Langevin ensemb
 
 
 def exact_1d(model) -> tuple[float, float, float]:
-    """Mass below 0, mean and sd of a one-variable posterior, by quadrature on a grid."""
-    logp, grid = model.compile_logp(), np.linspace(-15.0, 15.0, 30_001)
-    weights = np.exp([logp({"x": v}) for v in grid])
+    """Mass below 0, mean and sd of a one-variable posterior without a transform, by
+    quadrature on a grid (one batched call of its log-density)."""
+    grid = np.linspace(-15.0, 15.0, 30_001)
+    log_density = pymc_gpf.BatchedTarget(model).compile_logp()(grid[:, None])
+    weights = np.exp(log_density - log_density.max())
     weights /= weights.sum()
     mean = weights @ grid
     return float(weights[grid < 0].sum()), float(mean), float(np.sqrt(weights @ (grid - mean) ** 2))

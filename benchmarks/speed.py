@@ -15,7 +15,7 @@ import pymc_gpf
 
 from benchmarks import anchors, cases, harness
 from benchmarks.harness import Method, fmt, md_table
-from pymc_gpf.approximation import LOGP_TERMS
+from pymc_gpf.approximation import LOGP_TERMS, MAX_CHUNK, MIN_CHUNK
 
 BATCH, SCALING_BATCH, SCALING_DIM, FULL_RANK_MAX_D = 20, 10, 1000, 1000
 LABELS = {"bare": "bare logp+grad", "gpf": "GPF", "gf": "GF full rank", "gf_diag": "GF diagonal",
@@ -195,7 +195,8 @@ def loop_cell(payload: dict) -> dict:
     target, rng = pymc_gpf.BatchedTarget(model), np.random.default_rng(0)
     gradient, log_density = target.compile_logp_dlogp(backend="c"), target.compile_logp(backend="c")
     points = 0.1 * rng.normal(size=(round(grads / steps), target.ndim))
-    cloud, chunk = 0.1 * rng.normal(size=(densities, target.ndim)), LOGP_TERMS // target.data_size
+    cloud = 0.1 * rng.normal(size=(densities, target.ndim))
+    chunk = int(np.clip(LOGP_TERMS // target.data_size, MIN_CHUNK, MAX_CHUNK))  # as log_density
     bare_gradients = harness.time_per_call(lambda k: [gradient(points) for _ in range(steps * k)],
                                            0.2, 5)  # fmt: skip
     bare_densities = harness.time_per_call(

@@ -115,6 +115,11 @@ class FlowApproximation:
         "(pm.sample)"
     )
 
+    @property
+    def alternative_clause(self) -> str:
+        """:attr:`alternative` inside a sentence."""
+        return f"{self.alternative[0].lower()}{self.alternative[1:]}"
+
     def check_fit(self, rng: np.random.Generator, max_draws: int) -> Verdict | None:
         """The verdict on a fit that converged (or ran untested): importance sampling with
         q as proposal (:func:`pymc_gpf.verdict.importance_check`), at most ``max_draws``

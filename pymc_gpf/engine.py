@@ -577,10 +577,9 @@ class FlowInference(Inference):
         if reason == "max_steps" and self.fit_options.auto:
             # measured: a stochastic-volatility model whose log-scale GF, GPF and WVGD drove
             # towards -inf for 10 000 steps, where NUTS and the ensemble were accurate
-            alternative = self.approx.alternative
             return (
                 "If q is still moving (a scale drifting towards 0 or infinity), the family "
-                f"may have no optimum on this posterior: {alternative[0].lower()}{alternative[1:]}"
+                f"may have no optimum on this posterior: {self.approx.alternative_clause}"
             )
         return UNCONVERGED_REMEDIES.get(reason, "")
 

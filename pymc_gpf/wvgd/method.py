@@ -141,8 +141,8 @@ class WVGDApproximation(FlowApproximation):
             f"cells there: it puts q's sds within {verdict.numbers['max_sd_error']:.1%} of "
             f"the posterior's (Pareto k̂ = {verdict.numbers['pareto_k']:.2f}), an estimate "
             "that fell short of the true error by half on such posteriors",
-            f"PSIS-corrected draws (approx.sample(psis=True)) remove part of it; "
-            f"{self.alternative[0].lower()}{self.alternative[1:]}",
+            "PSIS-corrected draws (approx.sample(psis=True)) remove part of it; "
+            f"{self.alternative_clause}",
             verdict.numbers | {"gaussian_verdict": gaussian},
             verdict.density_evaluations,
             verdict.seconds,
