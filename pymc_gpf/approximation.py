@@ -25,8 +25,9 @@ from pymc_gpf.diagnostics import Diagnosis, diagnosis_of, ridge_option
 from pymc_gpf.engine import FlowInference
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.importance import ImportancePool, capped
+from pymc_gpf.modes import search_modes
 from pymc_gpf.persistence import save, to_datatree
-from pymc_gpf.verdict import Verdict, importance_check, importance_verdict
+from pymc_gpf.verdict import Verdict, importance_check, importance_verdict, modes_verdict
 
 # points per log-density call: as many as keep one call within about 2^18 data terms. Each
 # intermediate array of the data is then ~2 MB and stays in cache through the passes NumPy
@@ -39,6 +40,15 @@ LOGP_TERMS, MIN_CHUNK, MAX_CHUNK = 2**18, 16, 4096
 # pymc_gpf.importance.capped): with fewer, k̂ overstates the tail of a near-Gaussian
 # posterior (pymc_gpf.verdict); and at least this many per draw resampled
 PSIS_POOL, POOL_PER_DRAW = 16384, 4
+# the search for modes q does not cover (pymc_gpf.modes): L-BFGS from this many draws of the
+# prior, at most this many iterations, on models of at most this many coordinates (its
+# Laplace approximation forms a D x D Hessian); central differences of the gradient with
+# this step in q's sds (float64, float32)
+MODE_STARTS, MODE_ITERATIONS, MODE_SEARCH_DIMENSIONS = 8, 100, 1000
+# where the prior has no draw (Flat, or one a transform cannot map) a start is q's mean plus
+# this many of q's sds times a standard normal
+MODE_SPREAD = 10.0
+HESSIAN_STEP = (1e-4, 1e-2)
 
 __all__ = ["FlowApproximation", "GaussianApproximation", "ParticleCloud", "ParticlesMixin"]
 
@@ -91,11 +101,19 @@ class FlowApproximation:
         return self
 
     # --------------------------------------------------------------------- sampling
-    def full_log_density_and_gradient(self, point: np.ndarray) -> tuple[float, np.ndarray]:
-        """``log p(x, y)`` and its gradient at one flat point, of the whole data set."""
+    def full_log_densities_and_gradients(self, points: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``log p(x, y)`` ``(S,)`` (``-inf`` where it is not finite) and its gradient
+        ``(S, D)`` at flat points ``(S, D)``, of the whole data set, in batched calls."""
+        points = self._check_points(points)
         fn = self._compiled_for("full_logp_dlogp", self.target.compile_full_logp_dlogp)
-        logp, grad = fn(self._check_points(point))
-        return float(logp[0]), np.asarray(grad[0])
+        size = int(np.clip(LOGP_TERMS // self.target.data_size, MIN_CHUNK, MAX_CHUNK))
+        with self.inference.blas_threads():
+            chunks = [fn(points[i : i + size]) for i in range(0, len(points), size)]
+        log_p = np.concatenate([c[0] for c in chunks]).astype(float)
+        grad = np.concatenate([c[1] for c in chunks]).astype(float)
+        bad = ~(np.isfinite(log_p) & np.all(np.isfinite(grad), axis=1))
+        log_p[bad], grad[bad] = -np.inf, 0.0
+        return log_p, grad
 
     def log_density(self, points: np.ndarray) -> np.ndarray:
         """``log p(x, y)`` at flat unconstrained points ``(S, D)`` (log-Jacobian included),
@@ -365,6 +383,29 @@ class GaussianApproximation(FlowApproximation):
         its sds and the log of its sds (unit 1: a relative error), ``(values, units)``."""
         mean, sd = self._mean_and_sd()
         return np.concatenate([mean, np.log(sd)]), np.concatenate([sd, np.ones_like(sd)])
+
+    def check_fit(self, rng: np.random.Generator, max_draws: int) -> Verdict | None:
+        """The importance check's verdict (:meth:`FlowApproximation.check_fit`), then a
+        search for modes q does not cover (:mod:`pymc_gpf.modes`): "family-limited" where
+        they would move q's marginals beyond the verdict's tolerances."""
+        verdict = super().check_fit(rng, max_draws)
+        if verdict is None or self.target.ndim > MODE_SEARCH_DIMENSIONS:
+            return verdict
+        start = time.perf_counter()
+        q = self.gaussian()
+        if q.degenerate:  # a proper Gaussian to whiten by
+            q = q.with_ridge(q.smallest_variance())
+        starts, drawn = self.target.prior_draws(rng.integers(2**63, size=MODE_STARTS))
+        spread = MODE_SPREAD * np.sqrt(q.marginal_variances())
+        wide = q.mean + spread * rng.standard_normal(starts.shape)
+        starts = np.where(drawn, starts, wide).astype(float)
+        with np.errstate(all="ignore"):
+            search = search_modes(
+                self.full_log_densities_and_gradients, self.log_density, starts,
+                q.mean.astype(float), q.covariance(), rng, max_iterations=MODE_ITERATIONS,
+                step=HESSIAN_STEP[np.dtype(self.target.dtype).itemsize < 8],
+            )  # fmt: skip
+        return modes_verdict(verdict, search, self.target.labels, time.perf_counter() - start)
 
     def proposal(self, ridge, rng):
         q = self.gaussian()

@@ -713,7 +713,7 @@ class FlowInference(Inference):
         if not force and spent < ANCHOR_SHARE * cost:
             anchor.active.set_value(off)
             return
-        logp, grad = self.approx.full_log_density_and_gradient(centre)
+        [logp], [grad] = self.approx.full_log_densities_and_gradients(centre[None])
         self.record.count(gradients=cost)
         target.anchor_evaluations = self.record.gradient_evaluations
         finite = bool(np.isfinite(logp) and np.all(np.isfinite(grad)))
@@ -773,6 +773,7 @@ class FlowInference(Inference):
             return
         checks = verdict.numbers | {
             "density_evaluations": verdict.density_evaluations,
+            "gradient_evaluations": verdict.gradient_evaluations,
             "seconds": round(verdict.seconds, 4),
         }
         self.record.judged(verdict.word, verdict.message, checks)

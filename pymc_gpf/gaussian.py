@@ -117,6 +117,25 @@ class GaussianQ:
             out += np.sum(np.square(self.loadings), axis=1)
         return out
 
+    def covariance(self) -> np.ndarray:
+        """C as a dense ``(D, D)`` matrix (with the ridge, if any): for models small enough
+        to afford one (the mode search, :mod:`pymc_gpf.modes`)."""
+        out = np.zeros((self.ndim, self.ndim))
+        for b, f, basis in zip(self.blocks, self.factors, self._bases, strict=True):
+            f = f.astype(float)
+            out[np.ix_(b, b)] = np.diag(f**2) if f.ndim == 1 else f @ f.T
+            if self.ridge is not None and basis is not None and basis.u.shape[1] < len(b):
+                out[np.ix_(b, b)] += self.ridge * (np.eye(len(b)) - basis.u @ basis.u.T)
+        if self.coupling is not None:  # the arrow factor's off-diagonal block
+            first, second = self.blocks[0], self.blocks[1]
+            cross = self.coupling @ self.factors[0].T
+            out[np.ix_(second, second)] += self.coupling @ self.coupling.T
+            out[np.ix_(second, first)] += cross
+            out[np.ix_(first, second)] += cross.T
+        if self.loadings is not None:
+            out += self.loadings @ self.loadings.T
+        return out
+
     def with_ridge(self, ridge: float) -> GaussianQ:
         return replace(self, ridge=float(ridge))
 

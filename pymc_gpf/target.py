@@ -671,16 +671,21 @@ class BatchedTarget(_FlatLayout):
         logp, grad, *per_row = _map_rows(single, self._flat, rows)
         return logp, grad, [g.sum(axis=0) for g in per_row]
 
+    def rows(self, name: str) -> Variable:
+        """A symbolic ``(N, D)`` input of points, ``D`` static: JAX cannot trace a gradient
+        whose shape depends on a column count it only learns at run time."""
+        return pt.tensor(name, dtype=self.dtype, shape=(None, self.ndim))
+
     def compile_logp_dlogp(self, backend: str | None = None, compile_kwargs: dict | None = None):
         """The bare batched function ``X (N, D) -> (logp (N,), dlogp (N, D))``."""
-        particles = pt.matrix("particles", dtype=self.dtype)
+        particles = self.rows("particles")
         logp, grad, _ = self.logp_and_grads(particles)
         return compile_function([particles], [logp, grad], backend, compile_kwargs)
 
     def compile_full_logp_dlogp(self, backend: str | None = None):
         """``X (N, D) -> (logp, dlogp)`` of the whole data set (``pm.Minibatch`` data replaced
         by the full arrays): the anchor's values for the control variates."""
-        points = pt.matrix("points", dtype=self.dtype)
+        points = self.rows("points")
         [logp] = vectorize_rows([self._full_data_logp], self._flat, points, what="log-density")
         return compile_function([points], [logp, pytensor.grad(logp.sum(), points)], backend)
 
@@ -761,6 +766,27 @@ class BatchedTarget(_FlatLayout):
             return_transformed=True,
         )(random_seed)
         return self.flatten(point)
+
+    def prior_draws(self, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One flat unconstrained point drawn from the prior per integer of ``seeds``, the
+        model's own initial values ignored, ``(S, D)``; and which coordinates were drawn
+        (``False`` for a variable with no prior to draw from, ``Flat`` or ``HalfFlat``,
+        and where the transform cannot map the draw: an unordered draw of an ordered
+        variable)."""
+        flat = {rv for rv in self.model.free_RVs if "Flat" in type(rv.owner.op).__name__}
+        strategies = {rv: "support_point" if rv in flat else "prior" for rv in self.model.free_RVs}
+        draw = self.remember(
+            "prior_draws",
+            lambda: make_initial_point_fn(
+                model=self.model, overrides=strategies, return_transformed=True
+            ),
+        )
+        draws = np.stack([self.flatten(draw(int(seed))) for seed in seeds])
+        drawn = np.isfinite(draws)
+        for c in self.coordinates:
+            if any(rv.name == c.rv_name for rv in flat):
+                drawn[:, c.slice] = False
+        return draws, drawn
 
     def explain_nonfinite(self, flat: np.ndarray) -> list[str]:
         """Names of the terms whose log-density is not finite at ``flat`` (slow; errors only)."""

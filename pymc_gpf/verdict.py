@@ -8,10 +8,13 @@ Three words (:data:`WORDS`), with the numbers behind them:
 * **family-limited**: the fit converged, but q cannot represent this posterior: importance
   sampling with q as proposal (Yao et al. 2018) says it misses part of the posterior
   (Pareto k̂ >= 0.7), or that its means or sds are off by more than the accuracy the verdict
-  vouches for (0.1 posterior sd, 10 %).
+  vouches for (0.1 posterior sd, 10 %); or (GPF, GF) a search from draws of the prior found
+  modes q does not cover that would move them that far (:func:`modes_verdict`,
+  :mod:`pymc_gpf.modes`).
 * **trustworthy**: converged, k̂ < 0.7, and importance sampling confirms every constrained
   free scalar's mean within 0.1 posterior sd and sd within 10 % of q's (upper 95 % bounds of
-  the estimated errors, widened where k̂ > 1/2: :func:`widening`, :func:`importance_check`).
+  the estimated errors, widened where k̂ > 1/2: :func:`widening`, :func:`importance_check`),
+  and no other mode was found that would change that.
 
 The importance check draws from q in batches, ``FIRST_DRAWS`` then doubling up to
 ``max_draws`` while the answer is not yet clear: on a near-Gaussian posterior the log ratios
@@ -54,6 +57,7 @@ __all__ = [
     "fit_warning",
     "importance_check",
     "importance_verdict",
+    "modes_verdict",
     "widening",
 ]
 
@@ -93,6 +97,7 @@ class Verdict:
     numbers: dict[str, Any] = field(default_factory=dict)
     density_evaluations: int = 0
     seconds: float = 0.0
+    gradient_evaluations: int = 0
 
     @property
     def trustworthy(self) -> bool:
@@ -526,6 +531,55 @@ def importance_verdict(check: ImportanceCheck, alternative: str, seconds: float)
         numbers,
         **cost,
     )
+
+
+def modes_verdict(verdict: Verdict, search, labels: list[str], seconds: float) -> Verdict:
+    """``verdict`` with what a search for modes q does not cover found
+    (:class:`pymc_gpf.modes.ModeSearch`; ``labels`` name the flat coordinates): "family-
+    limited" where q and the other modes together have marginals beyond the tolerances."""
+    numbers = verdict.numbers | {
+        "importance_verdict": verdict.word,  # before the search
+        "mode_search_starts": search.starts,
+        "mode_search_evaluations": search.evaluations,
+        "mode_search_seconds": round(seconds, 4),
+        "other_modes": len(search.modes),
+    }
+    cost = dict(
+        gradient_evaluations=verdict.gradient_evaluations + search.evaluations,
+        density_evaluations=verdict.density_evaluations + search.density_evaluations,
+        seconds=verdict.seconds + seconds,
+    )
+    if not len(search.modes):
+        return replace(verdict, numbers=numbers, **cost)
+    largest = int(np.argmax(search.shares))
+    mean_at, sd_at = int(np.argmax(search.mean_errors)), int(np.argmax(search.sd_errors))
+    numbers |= {
+        "other_mode_share": float(search.shares[largest]),
+        "other_mode_distance": float(search.distances[largest]),
+        "modes_mean_error": float(search.mean_errors[mean_at]),
+        "modes_sd_error": float(search.sd_errors[sd_at]),
+    }
+    if search.mean_errors[mean_at] < MEAN_TOLERANCE and search.sd_errors[sd_at] < SD_TOLERANCE:
+        return replace(verdict, numbers=numbers, **cost)
+    numbers["psis_default"] = False  # q's draws never reach the other modes
+    where = labels[int(search.axes[largest])]
+    count = len(search.modes)
+    found = "another" if count == 1 else f"{count} more, the heaviest"
+    cause = (
+        f"the posterior has {count + 1} modes and q covers one: L-BFGS from {search.starts} "
+        f"draws of the prior found {found} {search.distances[largest]:.0f} of q's sds away "
+        f"(in {where}) holding {search.shares[largest]:.0%} of the mass (importance sampling "
+        f"from Laplace's approximation at each mode); with {'it' if count == 1 else 'them'} "
+        f"q's mean of {labels[mean_at]} is {search.mean_errors[mean_at]:.2g} posterior sd "
+        f"off and its sd of {labels[sd_at]} {search.sd_errors[sd_at]:.0%} off"
+    )
+    remedy = (
+        "One Gaussian cannot hold several modes. If they are copies of each other (a sign or "
+        "a labelling the data cannot tell apart), break the symmetry in the model (an ordered "
+        "transform, a positive constraint) and fit again; otherwise use method='wvgd' "
+        "(a cell per mode it reaches) or NUTS (pm.sample) with several chains, and compare"
+    )
+    return Verdict(FAMILY_LIMITED, cause, remedy, numbers, **cost)
 
 
 def elapsed(start: float) -> float:

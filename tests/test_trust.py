@@ -135,10 +135,34 @@ def test_a_near_exact_fit_is_trustworthy_with_a_small_khat(normal_model, method)
     checks = [importance_check(approx, np.random.default_rng(s)).pareto_k for s in range(5)]
     assert np.median(checks) < 0.5
     assert outcome.checks["max_sd_error"] < 0.05 and outcome.checks["max_mean_error"] < 0.05
+    assert outcome.checks["other_modes"] == 0  # the mode search's paths all end in q's bulk
     assert pymc_gpf.diagnose(approx, random_seed=3).pareto_k < 0.5
     attrs = approx.sample(10, random_seed=0)["fit"].attrs
     assert attrs["verdict"] == TRUSTWORTHY
     assert attrs["check_pareto_k"] == outcome.checks["pareto_k"]
+
+
+def test_a_mode_q_does_not_cover_is_found_and_makes_the_fit_family_limited():
+    """y ~ N(x^2, 1): log p is even in x, so its modes at x = +-2 hold half the mass each.
+    GPF fits one of them exactly, and the importance check, whose draws never reach the
+    other, passes q; L-BFGS from draws of the prior finds the other mode, 75 of q's sds away,
+    with half the mass (each mode's mass by importance sampling from Laplace's approximation
+    there, 256 draws: the modes are mirror images, so the shares differ by Monte Carlo error
+    alone, a few 1e-4 here), and the verdict says so. PSIS cannot correct q there, so
+    sample() keeps q's draws."""
+    y = np.random.default_rng(11).normal(4.0, 1.0, 20)
+    with pm.Model() as model:
+        x = pm.Normal("x", 0.0, 3.0)
+        pm.Normal("y", x**2, 1.0, observed=y)
+    with pytest.warns(pymc_gpf.FitWarning, match="2 modes and q covers one"):
+        approx = pm.fit(method="gpf", model=model, random_seed=1, progressbar=False)
+    checks = approx.outcome.checks
+    assert approx.outcome.verdict == FAMILY_LIMITED and checks["other_modes"] == 1
+    assert checks["max_sd_error"] < 0.1 and checks["max_mean_error"] < 0.1  # one mode's
+    assert checks["other_mode_share"] == pytest.approx(0.5, abs=0.005)
+    assert checks["other_mode_distance"] > 30 and checks["modes_mean_error"] > 0.9
+    assert 0 < checks["gradient_evaluations"] < approx.inference.gradient_evaluations
+    assert not approx.psis_by_default
 
 
 def _unscaled_regression():
