@@ -103,7 +103,7 @@ def ascend(
     """L-BFGS maximising ``log p`` from every row of ``starts`` ``(K, D)`` at once, in the
     coordinates ``z`` of ``x = centre + factor z`` (``factor`` lower triangular: e.g. a
     Gaussian fit's mean and the Cholesky factor of its covariance, so that ``log p`` is near
-    isotropic there; a first step goes no farther than the start is from ``centre``):
+    isotropic there; a first step goes at most one unit of ``z``):
     ``value_and_grad`` maps points ``(k, D)`` to ``log p`` ``(k,)`` and its gradient
     ``(k, D)`` (``-inf`` where it is not finite). A row stops when its gradient in ``z`` is
     below ``tolerance`` in every coordinate, when ``absorbed(points)`` says so, when its line
@@ -115,7 +115,6 @@ def ascend(
         return -log_p, -grad @ factor  # minimise -log p in z
 
     z = solve_triangular(factor, (starts - centre).T, lower=True).T
-    reach = np.maximum(np.max(np.abs(z), axis=1), 1.0)
     f, g = evaluate(z)
     evaluations = k
     s = np.zeros((k, MEMORY, d))
@@ -133,14 +132,16 @@ def ascend(
         downhill = slope < 0
         direction[~downhill] = -g[rows][~downhill]  # a lost direction: steepest descent
         slope[~downhill] = -np.einsum("kd,kd->k", g[rows][~downhill], g[rows][~downhill])
-        # no curvature known yet: along the gradient, as far as the start is from the centre
-        # at most (the gradient scaled first: far out in a steep tail its square overflows)
+        # no curvature known yet: one unit (one of q's sds for q's factor) along the
+        # gradient, scaled first (far out in a steep tail its square overflows). A longer
+        # first step, as far as the start is from the centre, jumped over a narrow mode into
+        # q's bulk (a 4 % mode at 8 sds, from a start beyond it)
         first = ~kept[rows, -1]
         longest = np.maximum(np.max(np.abs(g[rows]), axis=1), 1e-300)
         direction[first] = -g[rows][first] / longest[first, None]
         unit = direction[first]
         slope[first] = -np.einsum("kd,kd->k", unit, unit) * longest[first]
-        length = np.where(first, np.minimum(reach[rows], longest), 1.0)
+        length = np.where(first, np.minimum(1.0, longest), 1.0)
         pending = np.ones(len(rows), dtype=bool)
         new_f = np.full(len(rows), np.inf)
         new_g = np.zeros((len(rows), d))

@@ -166,3 +166,18 @@ def test_no_other_mode_is_found_on_a_skewed_unimodal_posterior():
         np.random.default_rng(0), max_iterations=100, step=1e-4,
     )  # fmt: skip
     assert len(search.modes) == 0 and search.starts == 8
+
+
+def test_a_start_beyond_a_narrow_mode_ends_there_not_in_q():
+    """0.96 N(0, 1) + 0.04 N(8, 0.5^2), q = N(0, 1): from x = 13.6 the first step is one of q's
+    sds, not a jump as far as the start is from q (which crossed the narrow mode into q's
+    bulk), and L-BFGS ends at the minor mode."""
+    target = mixture([0.96, 0.04], [np.zeros(1), np.full(1, 8.0)], [np.eye(1), np.eye(1) / 4])
+
+    def in_q(points):
+        return np.abs(points[:, 0]) < 3
+
+    ascent = ascend(target, np.array([[13.6]]), np.zeros(1), np.eye(1), max_iterations=100,
+                    absorbed=in_q)  # fmt: skip
+    assert ascent.converged[0] and not ascent.absorbed[0]
+    assert ascent.points[0, 0] == pytest.approx(8.0, abs=1e-3)

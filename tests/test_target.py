@@ -311,3 +311,28 @@ def test_the_full_data_log_density_of_a_minibatched_model(build):
     points = rng.normal(size=(3, 12))
     full = BatchedTarget(build(x, y)).compile_logp()(points)
     np.testing.assert_allclose(minibatched.compile_logp(full_data=True)(points), full, rtol=1e-12)
+
+
+def test_prior_draws_mark_what_the_prior_could_not_give():
+    """The mode search's starts: draws of the prior in flat unconstrained coordinates, the
+    model's initial values ignored; a Flat variable has no prior to draw from, and an ordered
+    variable's prior draw is not ordered where its transform cannot map it (log of a negative
+    difference): both are marked as not drawn. A HalfNormal's draw is its log."""
+    with pm.Model() as model:
+        pm.Flat("free", shape=2)
+        pm.Normal("cut", 0, 3, shape=2, transform=ordered, initval=[-1.0, 1.0])
+        pm.HalfNormal("scale", 2.0, initval=0.5)
+    target = BatchedTarget(model)
+    draws, drawn = target.prior_draws(np.arange(200))
+    assert draws.shape == drawn.shape == (200, 5)
+    assert not drawn[:, target.find("free").slice].any()
+    cut = target.find("cut").slice
+    assert drawn[:, cut.start].all()
+    unmapped = ~drawn[:, cut.stop - 1]
+    assert 0.3 < unmapped.mean() < 0.7  # an unordered pair half the time
+    assert np.isfinite(draws[~unmapped]).all()
+    scale = np.exp(draws[:, target.find("scale").slice][:, 0])
+    assert drawn[:, target.find("scale").slice].all()
+    assert 0.38 < np.mean(scale < 2.0 * 0.6745) < 0.62  # its median: 0.6745 sigma (3.4 se)
+    assert np.isclose(np.std(scale), 2.0 * np.sqrt(1 - 2 / np.pi), rtol=0.2)
+    np.testing.assert_array_equal(target.prior_draws(np.arange(200))[0], draws)
