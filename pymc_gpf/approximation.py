@@ -349,6 +349,10 @@ class GaussianApproximation(FlowApproximation):
     """A fit whose q is one Gaussian ``N(m, C)`` (GPF, GF): draws and density come from
     :meth:`gaussian`."""
 
+    # the modes the verdict's search found that q does not cover, flat ``(M, D)``, the
+    # heaviest first (WVGD starts cells on them)
+    other_modes: np.ndarray | None = None
+
     def gaussian(self) -> GaussianQ:
         """The fitted q as a NumPy :class:`~pymc_gpf.gaussian.GaussianQ`."""
         raise NotImplementedError
@@ -405,6 +409,7 @@ class GaussianApproximation(FlowApproximation):
                 q.mean.astype(float), q.covariance(), rng, max_iterations=MODE_ITERATIONS,
                 step=HESSIAN_STEP[np.dtype(self.target.dtype).itemsize < 8],
             )  # fmt: skip
+        self.other_modes = search.modes[np.argsort(-search.shares)]  # the heaviest first
         return modes_verdict(verdict, search, self.target.labels, time.perf_counter() - start)
 
     def proposal(self, ridge, rng):

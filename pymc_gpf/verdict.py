@@ -574,10 +574,11 @@ def modes_verdict(verdict: Verdict, search, labels: list[str], seconds: float) -
         f"off and its sd of {labels[sd_at]} {search.sd_errors[sd_at]:.0%} off"
     )
     remedy = (
-        "One Gaussian cannot hold several modes. If they are copies of each other (a sign or "
-        "a labelling the data cannot tell apart), break the symmetry in the model (an ordered "
-        "transform, a positive constraint) and fit again; otherwise use method='wvgd' "
-        "(a cell per mode it reaches) or NUTS (pm.sample) with several chains, and compare"
+        "One Gaussian cannot hold several modes: method='wvgd' starts a cell on each mode "
+        "this search finds (on y ~ N(x^2, 1) it then put 0.500 of the mass at x < 0, exactly "
+        "half). If the modes are copies of each other (a sign or a labelling the data cannot "
+        "tell apart), breaking the symmetry in the model (an ordered transform, a positive "
+        "constraint) also removes them"
     )
     return Verdict(FAMILY_LIMITED, cause, remedy, numbers, **cost)
 

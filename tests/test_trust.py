@@ -142,20 +142,26 @@ def test_a_near_exact_fit_is_trustworthy_with_a_small_khat(normal_model, method)
     assert attrs["check_pareto_k"] == outcome.checks["pareto_k"]
 
 
-def test_a_mode_q_does_not_cover_is_found_and_makes_the_fit_family_limited():
-    """y ~ N(x^2, 1): log p is even in x, so its modes at x = +-2 hold half the mass each.
-    GPF fits one of them exactly, and the importance check, whose draws never reach the
-    other, passes q; L-BFGS from draws of the prior finds the other mode, 75 of q's sds away,
-    with half the mass (each mode's mass by importance sampling from Laplace's approximation
-    there, 256 draws: the modes are mirror images, so the shares differ by Monte Carlo error
-    alone, a few 1e-4 here), and the verdict says so. PSIS cannot correct q there, so
-    sample() keeps q's draws."""
+@pytest.fixture(scope="module")
+def sign_model():
+    """y ~ N(x^2, 1), n = 20 around 4: log p is even in x, so its modes at x = +-2 hold half
+    the mass each."""
     y = np.random.default_rng(11).normal(4.0, 1.0, 20)
     with pm.Model() as model:
         x = pm.Normal("x", 0.0, 3.0)
         pm.Normal("y", x**2, 1.0, observed=y)
+    return model
+
+
+def test_a_mode_q_does_not_cover_is_found_and_makes_the_fit_family_limited(sign_model):
+    """GPF fits one of the sign posterior's modes exactly, and the importance check, whose
+    draws never reach the other, passes q; L-BFGS from draws of the prior finds the other
+    mode, 75 of q's sds away, with half the mass (each mode's mass by importance sampling
+    from Laplace's approximation there, 256 draws: the modes are mirror images, so the
+    shares differ by Monte Carlo error alone, a few 1e-4 here), and the verdict says so.
+    PSIS cannot correct q there, so sample() keeps q's draws."""
     with pytest.warns(pymc_gpf.FitWarning, match="2 modes and q covers one"):
-        approx = pm.fit(method="gpf", model=model, random_seed=1, progressbar=False)
+        approx = pm.fit(method="gpf", model=sign_model, random_seed=1, progressbar=False)
     checks = approx.outcome.checks
     assert approx.outcome.verdict == FAMILY_LIMITED and checks["other_modes"] == 1
     assert checks["max_sd_error"] < 0.1 and checks["max_mean_error"] < 0.1  # one mode's
@@ -163,6 +169,21 @@ def test_a_mode_q_does_not_cover_is_found_and_makes_the_fit_family_limited():
     assert checks["other_mode_distance"] > 30 and checks["modes_mean_error"] > 0.9
     assert 0 < checks["gradient_evaluations"] < approx.inference.gradient_evaluations
     assert not approx.psis_by_default
+
+
+def test_wvgd_starts_a_cell_on_the_mode_its_gaussian_fit_missed(sign_model):
+    """WVGD runs in a GF fit's coordinates; GF's verdict found the mirror mode, so one of
+    the particles starts there instead of around GF's mode, and the cells' weights give each
+    mode its mass: 0.5 below x = 0 (by the symmetry), to the weights' Monte Carlo error.
+    Then WVGD's own importance check is credible (the posterior is Gaussian-like within each
+    mode, which GF's check confirmed) and certifies the mixture."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pymc_gpf.FitWarning)
+        approx = pm.fit(method="wvgd", model=sign_model, random_seed=1, progressbar=False)
+    assert approx.inference.own.seeded_modes == 1 and approx.inference.own.unseeded_modes == 0
+    x = approx.sample(4000, random_seed=0, return_inferencedata=False)["x"].ravel()
+    assert abs(np.mean(x < 0) - 0.5) < 0.03
+    assert approx.outcome.verdict == TRUSTWORTHY
 
 
 def _unscaled_regression():
