@@ -49,6 +49,9 @@ MODE_STARTS, MODE_ITERATIONS, MODE_SEARCH_DIMENSIONS = 8, 100, 1000
 # this many of q's sds times a standard normal
 MODE_SPREAD = 10.0
 HESSIAN_STEP = (1e-4, 1e-2)
+# the least share of the mass a mode needs for WVGD to start a cell on it (one on a mode
+# with 1e-24 of it, such as a frequency's aliases, would only be a particle lost)
+CELL_SHARE = 0.01
 
 __all__ = ["FlowApproximation", "GaussianApproximation", "ParticleCloud", "ParticlesMixin"]
 
@@ -349,8 +352,8 @@ class GaussianApproximation(FlowApproximation):
     """A fit whose q is one Gaussian ``N(m, C)`` (GPF, GF): draws and density come from
     :meth:`gaussian`."""
 
-    # the modes the verdict's search found that q does not cover, flat ``(M, D)``, the
-    # heaviest first (WVGD starts cells on them)
+    # the modes the verdict's search found that q does not cover with at least CELL_SHARE
+    # of the mass, flat ``(M, D)``, the heaviest first (WVGD starts cells on them)
     other_modes: np.ndarray | None = None
 
     def gaussian(self) -> GaussianQ:
@@ -409,7 +412,8 @@ class GaussianApproximation(FlowApproximation):
                 q.mean.astype(float), q.covariance(), rng, max_iterations=MODE_ITERATIONS,
                 step=HESSIAN_STEP[np.dtype(self.target.dtype).itemsize < 8],
             )  # fmt: skip
-        self.other_modes = search.modes[np.argsort(-search.shares)]  # the heaviest first
+        order = np.argsort(-search.shares)  # the heaviest first
+        self.other_modes = search.modes[order][search.shares[order] >= CELL_SHARE]
         return modes_verdict(verdict, search, self.target.labels, time.perf_counter() - start)
 
     def proposal(self, ridge, rng):
