@@ -7,10 +7,11 @@ runs from several dispersed points, here draws of the prior, all of them in one 
 of the log-density and gradient per iteration (:func:`ascend`). A path that enters q's bulk
 (within :data:`SEPARATION` of q's sds of its mean in every coordinate) is q's mode and stops
 there. An endpoint that converged (a gradient below :data:`GRADIENT_TOLERANCE` per q sd)
-farther than :data:`SEPARATION` q sds from q's own mode is another mode; Laplace's
-approximation at each mode (:func:`laplace`) gives its share of the mass, and the mixture of
-q and the other modes says how far q's marginal means and sds are from that of the whole
-posterior (:func:`mixture_errors`), in the verdict's own units.
+farther than :data:`SEPARATION` q sds from q's own mode is another mode; importance
+sampling from Laplace's approximation at each mode (:func:`laplace`,
+:func:`importance_mass`) gives its share of the mass, and the mixture of q and the other
+modes says how far q's marginal means and sds are from that of the whole posterior
+(:func:`mixture_errors`), in the verdict's own units.
 
 What it cannot see: a mode no path reaches (a search from a few starts, not a proof), and mass
 that is not at a mode (a funnel's neck, a ridge to the boundary: there L-BFGS does not
@@ -27,6 +28,8 @@ import numpy as np
 from scipy.linalg import solve_triangular
 from scipy.special import logsumexp
 
+from pymc_gpf.gaussian import LOG_2PI
+
 __all__ = [
     "GRADIENT_TOLERANCE",
     "SEPARATION",
@@ -42,11 +45,11 @@ __all__ = [
 
 ValueAndGrad = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 LogDensity = Callable[[np.ndarray], np.ndarray]
-LOG_2PI = float(np.log(2 * np.pi))
 MASS_DRAWS = 128  # antithetic pairs of Laplace's Gaussian per mode (importance_mass)
 
 SEPARATION = 3.0  # q sds, in some coordinate, between two modes counted apart
-GRADIENT_TOLERANCE = 1e-3  # |d log p / dx| * q's sd at a converged endpoint, every coordinate
+# |d log p / dz| at a converged endpoint in every coordinate z of x = m + L z, q = N(m, L L^T)
+GRADIENT_TOLERANCE = 1e-3
 MEMORY = 10  # L-BFGS pairs kept
 ARMIJO = 1e-4
 MAX_SHRINKS = 20
@@ -54,9 +57,10 @@ MAX_SHRINKS = 20
 
 @dataclass(frozen=True)
 class Ascent:
-    """Where L-BFGS ended from each start: ``points`` ``(K, D)``, their ``log_p`` and
-    ``grad``, whether each ``converged`` (gradient test) or was ``absorbed`` (entered the
-    region the caller named), and the points evaluated (``evaluations``)."""
+    """Where L-BFGS ended from each start: ``points`` ``(K, D)``, their ``log_p`` and its
+    gradient ``grad`` in the whitened coordinates, whether each ``converged`` (gradient
+    test) or was ``absorbed`` (entered the region the caller named), and the points
+    evaluated (``evaluations``)."""
 
     points: np.ndarray
     log_p: np.ndarray
