@@ -81,6 +81,11 @@ ANCHOR_DRIFT, ANCHOR_SHARE = 2.0, 4
 # BOUND_GAP_Z Monte Carlo errors of the ELBO) of the importance-sampling log evidence
 BOUND_GAP_LIMIT, BOUND_GAP_Z = 0.05, 3.0
 HYPER_DRAWS, HYPER_MAX_DRAWS, HYPER_BATCH = 4096, 32768, 512  # q's draws for θ's step
+# an unconverged fit names a sd of q that changed by more than this factor in it: GF's
+# starts at 0.1, and its fits on the reference and hard posteriors end at sds from 1e-3 to
+# 1.3e4 (an unscaled predictor), a factor 1.3e5 at most; where a Flat variable has no data
+# its sd reached 1.5e21 before the fit stalled
+RUNAWAY = 1e10
 
 
 def rebuild(cls: type[FlowInference], model: pm.Model, options: dict[str, Any]) -> FlowInference:
@@ -564,8 +569,40 @@ class FlowInference(Inference):
             message += f" ({self._start_note})"
         return message
 
+    def _sds(self) -> np.ndarray | None:
+        """q's marginal sds in the flat coordinates, where q says (``None`` elsewhere)."""
+        try:
+            values, _ = self.approx.location()
+        except (AttributeError, NotImplementedError):
+            return None
+        d = self.target.ndim
+        return np.exp(np.asarray(values[d : 2 * d], dtype=float)) if len(values) >= 2 * d else None
+
+    def _runaway(self) -> str:
+        """Which of q's sds changed by more than :data:`RUNAWAY` times in this call of
+        ``fit``/``refine``, the largest change first: where the posterior is improper (a
+        Flat prior the data do not inform) q's sd grows without bound and the fit ends
+        stalled or out of steps, for reasons that do not name the variable."""
+        before, after = getattr(self, "_start_sds", None), self._sds()
+        if before is None or after is None or before.shape != after.shape:
+            return ""
+        with np.errstate(all="ignore"):
+            change = np.abs(np.log(after) - np.log(before))
+        change = np.where(np.isfinite(change), change, np.inf)
+        j = int(np.argmax(change))
+        if not change[j] > np.log(RUNAWAY):
+            return ""
+        return (
+            f"q's sd of {self.target.labels[j]} went from {before[j]:.3g} to {after[j]:.3g} "
+            "in this fit: if its posterior is improper (a Flat or very wide prior the data "
+            "do not inform), give it a proper prior. "
+        )
+
     def _remedy(self, reason: str) -> str:
         """What to do about a fit that ended for ``reason`` without converging."""
+        return self._runaway() + self._reason_remedy(reason)
+
+    def _reason_remedy(self, reason: str) -> str:
         if reason == "stalled" and not self.fit_options.auto:
             # refused non-finite moves under a fixed step: the step, not the model, is suspect
             return (
@@ -596,6 +633,7 @@ class FlowInference(Inference):
         trustworthy. One BLAS pool keeps its threads meanwhile (:mod:`pymc_gpf.threads`). A
         method may run them elsewhere (:meth:`run_elsewhere`)."""
         self.step_limit = self.state.i + n  # the step count this call may reach
+        self._start_sds = self._sds()
         reason = self.run_elsewhere(n, progressbar)
         if reason is not None:
             self._give_verdict(reason)

@@ -309,6 +309,18 @@ def test_the_step_limit_is_not_converged(normal_model):
     assert approx.outcome.checks["density_evaluations"] == 0  # nothing checked
 
 
+def test_a_fit_that_ends_unconverged_names_a_runaway_sd():
+    """x is Flat and no data inform it: its posterior is improper, GF's sd of it grows
+    without bound (to ~1e21) until the steps are no longer finite, and the fit stalls. The
+    warning names x and its sd rather than only the stall."""
+    with pm.Model() as model:
+        pm.Flat("x")
+        pm.Normal("y", pm.Normal("m", 0, 1), 1, observed=[0.3, -0.1])
+    with pytest.warns(pymc_gpf.FitWarning, match=r"q's sd of x went from 0.1 to [0-9.]+e\+"):
+        approx = pm.fit(600, method="gf", model=model, random_seed=1, progressbar=False)
+    assert approx.outcome.verdict == NOT_CONVERGED
+
+
 # ------------------------------------------------------------------------ ensembles
 def test_an_ensemble_out_of_steps_in_burn_in_still_samples(normal_model):
     """Cut off during burn-in: the fit warns, sample() returns the last states of burn-in
