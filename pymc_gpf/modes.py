@@ -229,7 +229,9 @@ def importance_mass(log_density: LogDensity, approximation: Laplace, normals: np
     points = approximation.mode + normals @ approximation.factor.T
     _, log_det = np.linalg.slogdet(approximation.factor)
     log_g = -0.5 * np.sum(normals**2, axis=1) - 0.5 * normals.shape[1] * LOG_2PI - log_det
-    return float(logsumexp(log_density(points) - log_g) - np.log(len(points)))
+    log_p = log_density(points)
+    log_p = np.where(np.isfinite(log_p), log_p, -np.inf)  # NaN: no mass there
+    return float(logsumexp(log_p - log_g) - np.log(len(points)))
 
 
 def mixture_errors(
@@ -251,9 +253,8 @@ class ModeSearch:
     (points where ``log p`` and its gradient ran), the other ``modes`` ``(M, D)`` with
     their ``shares`` of the mass (q's mode included in the total), ``distances`` (the
     largest coordinate distance from q's mode, in q's sds) and ``axes`` (that coordinate),
-    and the mixture's
-    ``mean_errors`` / ``sd_errors`` per coordinate (:func:`mixture_errors`; zeros where no
-    other mode was found)."""
+    and the mixture's ``mean_errors`` / ``sd_errors`` per coordinate
+    (:func:`mixture_errors`; zeros where no other mode was found)."""
 
     starts: int
     evaluations: int
