@@ -223,8 +223,8 @@ def importance_mass(log_density: LogDensity, approximation: Laplace, normals: np
     """``log`` of the posterior mass around a mode, ``log E[p / g]`` for draws of Laplace's
     Gaussian ``g`` there: ``normals`` ``(S, D)`` and their negatives (antithetic), so that a
     Gaussian mode's mass is exact. Laplace's own ``log p(mode) - 1/2 log det (H / 2 pi)``
-    can be far off: at a mode on a ridge that flattens (a frequency whose likelihood
-    oscillates ever faster) it grew without bound, while the draws see that ``p`` falls."""
+    is off wherever the mode is not Gaussian: for ``log p = -x^2/2 - x^4`` it gives 2.51
+    where the mass is 1.56 (the draws: within 2 %)."""
     normals = np.concatenate([normals, -normals])
     points = approximation.mode + normals @ approximation.factor.T
     _, log_det = np.linalg.slogdet(approximation.factor)
