@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import time
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -402,16 +403,21 @@ class GaussianApproximation(FlowApproximation):
         q = self.gaussian()
         if q.degenerate:  # a proper Gaussian to whiten by
             q = q.with_ridge(q.smallest_variance())
-        starts, drawn = self.target.prior_draws(rng.integers(2**63, size=MODE_STARTS))
-        spread = MODE_SPREAD * np.sqrt(q.marginal_variances())
-        wide = q.mean + spread * rng.standard_normal(starts.shape)
-        starts = np.where(drawn, starts, wide).astype(float)
-        with np.errstate(all="ignore"):
-            search = search_modes(
-                self.full_log_densities_and_gradients, self.log_density, starts,
-                q.mean.astype(float), q.covariance(), rng, max_iterations=MODE_ITERATIONS,
-                step=HESSIAN_STEP[np.dtype(self.target.dtype).itemsize < 8],
-            )  # fmt: skip
+        try:
+            starts, drawn = self.target.prior_draws(rng.integers(2**63, size=MODE_STARTS))
+            spread = MODE_SPREAD * np.sqrt(q.marginal_variances())
+            wide = q.mean + spread * rng.standard_normal(starts.shape)
+            starts = np.where(drawn, starts, wide).astype(float)
+            with np.errstate(all="ignore"):
+                search = search_modes(
+                    self.full_log_densities_and_gradients, self.log_density, starts,
+                    q.mean.astype(float), q.covariance(), rng, max_iterations=MODE_ITERATIONS,
+                    step=HESSIAN_STEP[np.dtype(self.target.dtype).itemsize < 8],
+                )  # fmt: skip
+        except (ValueError, NotImplementedError, np.linalg.LinAlgError) as err:
+            # a check that cannot run must not take the finished fit with it: it says so
+            error = f"{type(err).__name__}: {str(err)[:200]}"
+            return replace(verdict, numbers=verdict.numbers | {"mode_search_error": error})
         order = np.argsort(-search.shares)  # the heaviest first
         self.other_modes = search.modes[order][search.shares[order] >= CELL_SHARE]
         return modes_verdict(verdict, search, self.target.labels, time.perf_counter() - start)

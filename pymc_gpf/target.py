@@ -772,7 +772,8 @@ class BatchedTarget(_FlatLayout):
         model's own initial values ignored, ``(S, D)``; and which coordinates were drawn
         (``False`` for a variable with no prior to draw from, ``Flat`` or ``HalfFlat``,
         and where the transform cannot map the draw: an unordered draw of an ordered
-        variable)."""
+        variable; none where some variable has no way to draw at all, a ``CustomDist``
+        without a ``random`` function)."""
         flat = {rv for rv in self.model.free_RVs if "Flat" in type(rv.owner.op).__name__}
         strategies = {rv: "support_point" if rv in flat else "prior" for rv in self.model.free_RVs}
         draw = self.remember(
@@ -781,7 +782,11 @@ class BatchedTarget(_FlatLayout):
                 model=self.model, overrides=strategies, return_transformed=True
             ),
         )
-        draws = np.stack([self.flatten(draw(int(seed))) for seed in seeds])
+        try:
+            draws = np.stack([self.flatten(draw(int(seed))) for seed in seeds])
+        except NotImplementedError:  # a CustomDist without a random function: no prior draws
+            draws = np.repeat(self.start_vector()[None], len(seeds), axis=0)
+            return draws, np.zeros(draws.shape, dtype=bool)
         drawn = np.isfinite(draws)
         for c in self.coordinates:
             if any(rv.name == c.rv_name for rv in flat):

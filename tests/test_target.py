@@ -336,3 +336,13 @@ def test_prior_draws_mark_what_the_prior_could_not_give():
     assert 0.38 < np.mean(scale < 2.0 * 0.6745) < 0.62  # its median: 0.6745 sigma (3.4 se)
     assert np.isclose(np.std(scale), 2.0 * np.sqrt(1 - 2 / np.pi), rtol=0.2)
     np.testing.assert_array_equal(target.prior_draws(np.arange(200))[0], draws)
+
+
+def test_prior_draws_of_a_model_with_an_undrawable_variable_mark_none():
+    """A free ``CustomDist`` with a log-density and no ``random``: the prior cannot be drawn,
+    so no coordinate is marked drawn (the mode search then starts from q widened)."""
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0, 1)
+        pm.CustomDist("x", mu, logp=lambda value, mu: -0.5 * (value - mu) ** 2)
+    draws, drawn = BatchedTarget(model).prior_draws(np.arange(3))
+    assert draws.shape == (3, 2) and not drawn.any()
