@@ -174,16 +174,15 @@ def test_a_mode_q_does_not_cover_is_found_and_makes_the_fit_family_limited(sign_
 def test_wvgd_starts_a_cell_on_the_mode_its_gaussian_fit_missed(sign_model):
     """WVGD runs in a GF fit's coordinates; GF's verdict found the mirror mode, so one of
     the particles starts there instead of around GF's mode, and the cells' weights give each
-    mode its mass: 0.5 below x = 0 (by the symmetry), to the weights' Monte Carlo error.
-    Then WVGD's own importance check is credible (the posterior is Gaussian-like within each
-    mode, which GF's check confirmed) and certifies the mixture."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", pymc_gpf.FitWarning)
+    mode its mass: 0.5 below x = 0 (by the symmetry), to the weights' Monte Carlo error. The
+    verdict still warns: a search cannot show that it found every mode (on a 3-component
+    mixture it found 3 of 5 other labellings, and WVGD's own check passed a q 0.6 sd off)."""
+    with pytest.warns(pymc_gpf.FitWarning, match="a search cannot show it found them all"):
         approx = pm.fit(method="wvgd", model=sign_model, random_seed=1, progressbar=False)
     assert approx.inference.own.seeded_modes == 1 and approx.inference.own.unseeded_modes == 0
     x = approx.sample(4000, random_seed=0, return_inferencedata=False)["x"].ravel()
     assert abs(np.mean(x < 0) - 0.5) < 0.03
-    assert approx.outcome.verdict == TRUSTWORTHY
+    assert approx.outcome.verdict == FAMILY_LIMITED
 
 
 def _unscaled_regression():
