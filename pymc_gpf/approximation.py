@@ -108,11 +108,8 @@ class FlowApproximation:
     def full_log_densities_and_gradients(self, points: np.ndarray) -> tuple[np.ndarray, ...]:
         """``log p(x, y)`` ``(S,)`` (``-inf`` where it is not finite) and its gradient
         ``(S, D)`` at flat points ``(S, D)``, of the whole data set, in batched calls."""
-        points = self._check_points(points)
         fn = self._compiled_for("full_logp_dlogp", self.target.compile_full_logp_dlogp)
-        size = int(np.clip(LOGP_TERMS // self.target.data_size, MIN_CHUNK, MAX_CHUNK))
-        with self.inference.blas_threads():
-            chunks = [fn(points[i : i + size]) for i in range(0, len(points), size)]
+        chunks = self._in_chunks(fn, points)
         log_p = np.concatenate([c[0] for c in chunks]).astype(float)
         grad = np.concatenate([c[1] for c in chunks]).astype(float)
         bad = ~(np.isfinite(log_p) & np.all(np.isfinite(grad), axis=1))
@@ -123,12 +120,16 @@ class FlowApproximation:
         """``log p(x, y)`` at flat unconstrained points ``(S, D)`` (log-Jacobian included),
         always of the whole data set (``pm.Minibatch`` data replaced by the full arrays):
         one batched call per chunk of points."""
-        points = self._check_points(points)
         fn = self._compiled_for("logp", functools.partial(self.target.compile_logp, full_data=True))
+        return np.concatenate(self._in_chunks(fn, points)).astype(float)
+
+    def _in_chunks(self, fn, points: np.ndarray) -> list:
+        """``fn`` of the checked ``points``, one call per chunk of :data:`LOGP_TERMS` data
+        terms, on the fit's BLAS threads (also outside a fit: diagnose, PSIS draws)."""
+        points = self._check_points(points)
         size = int(np.clip(LOGP_TERMS // self.target.data_size, MIN_CHUNK, MAX_CHUNK))
-        with self.inference.blas_threads():  # also outside a fit (diagnose, PSIS draws)
-            chunks = [fn(points[i : i + size]) for i in range(0, len(points), size)]
-        return np.concatenate(chunks).astype(float)
+        with self.inference.blas_threads():
+            return [fn(points[i : i + size]) for i in range(0, len(points), size)]
 
     # ------------------------------------------------------------------ the verdict
     # what to use where q cannot represent the posterior (measured: docs/trust.md)

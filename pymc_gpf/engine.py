@@ -160,6 +160,7 @@ class FlowInference(Inference):
         self.control: Control | None = None
         self.control_state: tuple | None = None
         self.state: State | None = None  # PyMC's (i, step, callbacks, score)
+        self._start_sds: np.ndarray | None = None  # q's sds when this call of fit began
         self.fit_options: FitOptions | None = None
         # the step sizes the compiled step reads, a shared variable (refine(n,
         # learning_rate=...) needs no compile): a fixed one from the fit keywords, the
@@ -579,11 +580,11 @@ class FlowInference(Inference):
         return np.exp(np.asarray(values[d : 2 * d], dtype=float)) if len(values) >= 2 * d else None
 
     def _runaway(self) -> str:
-        """Which of q's sds changed by more than :data:`RUNAWAY` times in this call of
-        ``fit``/``refine``, the largest change first: where the posterior is improper (a
+        """The sd of q that changed most in this call of ``fit``/``refine``, named if it
+        changed by more than :data:`RUNAWAY` times: where the posterior is improper (a
         Flat prior the data do not inform) q's sd grows without bound and the fit ends
         stalled or out of steps, for reasons that do not name the variable."""
-        before, after = getattr(self, "_start_sds", None), self._sds()
+        before, after = self._start_sds, self._sds()
         if before is None or after is None or before.shape != after.shape:
             return ""
         with np.errstate(all="ignore"):
