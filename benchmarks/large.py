@@ -70,9 +70,10 @@ def large_cell(payload: dict) -> dict:
         kind = "gf" if method == "gf_full" else method
         kwargs = {"inf_kwargs": {"structure": "full"}} if method == "gf_full" else {}
         fit = harness.fit_defaults(kind, model, **kwargs)
-        values = columns(fit.approx.sample(2000, random_seed=2).posterior)
+        # to the fit done, as NUTS's (its draws and the DataTree after are not timed)
         out |= {"warned": fit.warned, "ends": f"{fit.stop}; {fit.verdict}".strip("; "),
                 "steps": fit.steps, "seconds": time.perf_counter() - start}  # fmt: skip
+        values = columns(fit.approx.sample(2000, random_seed=2).posterior)
         if method == "gf":
             out["ms_per_step"] = refit_ms_per_step(model)
     reference = np.load(payload["path"])
@@ -173,13 +174,14 @@ def large(ctx) -> str:
             base = dict(settings, groups=groups, path=path)
             ref = harness.run_child(reference_cell, base)
             if "error" in ref:
-                rows.append(["reference", f"{groups}", "failed", "", "", "", ref["error"][:80]])
+                rows.append(["reference", f"{groups}", "failed", "", "", "", "",
+                             ref["error"][:80]])  # fmt: skip
                 continue
             nuts_seconds = np.nan
             for method in (m for m in methods if groups <= UP_TO[m]):
                 out = run_cell(ctx, large_cell, case, dict(base, method=method))
                 if "error" in out:
-                    rows.append([LABELS[method], f"{groups}", "failed", "", "", "",
+                    rows.append([LABELS[method], f"{groups}", "failed", "", "", "", "",
                                  out["error"][:80]])  # fmt: skip
                     continue
                 if method == "nuts":

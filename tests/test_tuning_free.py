@@ -193,6 +193,24 @@ def test_the_deterministic_rule_stops_on_a_converged_fit_only():
     assert _stops(control, at_round_off)[0] == [None, "converged"]
 
 
+def test_a_backtracking_fit_that_crawls_is_stalled():
+    """Accepted steps so small that q moves by less than CRAWL * tol of its sds (step size
+    times the square root of the decrement) while the decrement stays above tol^2: GPF on a
+    Laplace prior's kinks took 1000 such steps, its step size halving from 2e-4 to 1e-12.
+    ``patience`` of them in a row stall the fit; one that moves further restarts the count."""
+    from pymc_gpf.control import CRAWL
+
+    control = Deterministic(tol=0.03, patience=10)
+    size = 0.5 * CRAWL * 0.03 / np.sqrt(2.0)  # moves q by half of CRAWL * tol
+    crawl = {"accepted": True, "step_size": size, "decrement": 2.0}
+    stops, _ = _stops(control, [crawl] * 10)
+    assert stops == [None] * 9 + ["stalled"]
+    moving = crawl | {"step_size": 4 * size}  # twice CRAWL * tol
+    stops, _ = _stops(control, [crawl] * 9 + [moving] + [crawl] * 9)
+    assert stops == [None] * 19
+    assert "moved q by less than" in control.describe(control.init(), "stalled")
+
+
 def test_an_early_stop_must_pass_the_convergence_test():
     """The independent cloud's early stop applies near the fixed point only (decrement
     below 1, a finite best value), and the restored state it asks for ends the fit only if

@@ -374,7 +374,10 @@ class GPF(FlowInference):
             return self._fresh_draws("fresh_cloud" if fresh else "overfitting", step_count)
         if reason == "stalled":
             if self.own.stages.stall_restarts:
-                return reason
+                # a second stall: the particles' quadrature of a non-smooth log-density (a
+                # Laplace prior's kinks) has no descent direction left, where fresh draws
+                # average over the kinks
+                return self._fresh_draws("stalled", step_count)
             # a fresh cloud of the same Gaussian: a degenerate or unlucky one can stall
             self.own.stages.stall_restarts += 1
             if not self._restart_cloud(len(self.approx.particles)):
@@ -610,11 +613,16 @@ class GPF(FlowInference):
                 "fresh_cloud": "a fresh cloud of the same Gaussian found it off a fixed point",
                 "overfitting": "where an independent cloud's free energy was lowest it was "
                 "not at a fixed point",
-            }[last["fresh_draws"]]
+            }.get(last["fresh_draws"])
+            because = (
+                "no step lowered their free energy, twice (a log-density that is not smooth "
+                "near q, e.g. a Laplace prior's kink)"
+                if why is None
+                else f"the particles' own fixed point was off the Gaussian optimum ({why})"
+            )
             return (
                 f"{last['message']}; GF's flow (fresh draws of q every step) continued from "
-                f"step {last['step']}, because with {last['n_particles']} particles the "
-                f"particles' own fixed point was off the Gaussian optimum ({why})"
+                f"step {last['step']}, because with {last['n_particles']} particles {because}"
             )
         if reason == "converged" and self.own.stages.cloud_checked:
             return (
