@@ -514,6 +514,13 @@ class SamplingControl(Control):
                 f"R-hat {state.rhat:.3f}, which is {state.rhat_excess:.3f} times what as many "
                 f"well-mixed chains show (needs below {MAX_RHAT} times)"
             )
+            if 0 < state.ess < self.target_ess:
+                # the ESS grows with the draws since burn-in (the kept half of them)
+                more = (state.steps - state.burn_in) * (self.target_ess / state.ess - 1)
+                text += (
+                    f"; at this rate the smallest ESS reaches {self.target_ess} in about "
+                    f"{math.ceil(more):d} more steps"
+                )
             apart = state.apart()
             if apart is not None:
                 particle, coordinate, distance = apart
