@@ -66,7 +66,8 @@ REASONS = {
 }
 Z_ONE_SIDED_5 = 1.645
 # the early stop on an independent cloud applies within about one sd of the fixed point
-# (natural-gradient decrement < 1): farther out the flow's own progress dwarfs finite-N bias
+# (natural-gradient decrement < 1): farther out the flow's own progress usually dwarfs
+# finite-N bias (Deterministic.far_patience covers the exceptions)
 NEAR = 1.0
 Z_ONE_SIDED_005 = 3.29
 # a backtracking step that moves q by less than this fraction of tol (in its sds) crawls:

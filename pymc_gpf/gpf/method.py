@@ -608,18 +608,19 @@ class GPF(FlowInference):
                     f"{factor}, which particles cannot span at "
                     f"D = {self.target.ndim} (the particles show its q)"
                 )
-            why = {
-                "biased": "its free energy below an independent estimate",
-                "fresh_cloud": "a fresh cloud of the same Gaussian found it off a fixed point",
-                "overfitting": "where an independent cloud's free energy was lowest it was "
-                "not at a fixed point",
-            }.get(last["fresh_draws"])
-            because = (
-                "no step lowered their free energy, twice (a log-density that is not smooth "
-                "near q, e.g. a Laplace prior's kink)"
-                if why is None
-                else f"the particles' own fixed point was off the Gaussian optimum ({why})"
-            )
+            if last["fresh_draws"] == "stalled":
+                because = (
+                    "no step lowered their free energy, twice (a log-density that is not "
+                    "smooth near q, e.g. a Laplace prior's kink, or not finite)"
+                )
+            else:
+                why = {
+                    "biased": "its free energy below an independent estimate",
+                    "fresh_cloud": "a fresh cloud of the same Gaussian found it off a fixed point",
+                    "overfitting": "where an independent cloud's free energy was lowest it was "
+                    "not at a fixed point",
+                }[last["fresh_draws"]]
+                because = f"the particles' own fixed point was off the Gaussian optimum ({why})"
             return (
                 f"{last['message']}; GF's flow (fresh draws of q every step) continued from "
                 f"step {last['step']}, because with {last['n_particles']} particles {because}"
