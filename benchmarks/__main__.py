@@ -33,7 +33,8 @@ SECTION_MODULES = {"logistic": PAPERS, "bnn": PAPERS, "wvgd": PAPERS,
                    "minibatch": "benchmarks/accuracy.py", "type2": "benchmarks/accuracy.py",
                    "speed": "benchmarks/speed.py", "startup": "benchmarks/speed.py",
                    "scale": "benchmarks/speed.py", "large": "benchmarks/large.py",
-                   "low_rank": "benchmarks/large.py"}  # fmt: skip
+                   "low_rank": "benchmarks/large.py",
+                   "big_data": "benchmarks/large.py"}  # fmt: skip
 
 
 @dataclass
