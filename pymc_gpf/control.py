@@ -338,16 +338,20 @@ class Deterministic(Control):
       ``tol**2``, else as **unverified**: the method then grows its cloud, or stops there
       as **overfitting**, not converged.
     * **stalled**: backtracking shrank the step below ``min_step`` without a decrease
-      (converged instead if the last decrement was already below ``tol**2``), or ``patience``
-      accepted steps in a row each moved q by less than ``CRAWL * tol`` of its sds (step
-      size times the square root of the decrement) while the decrement stayed above
-      ``tol**2``: a crawl that would take thousands of steps to go anywhere.
+      (converged instead if the last decrement was already below ``tol**2``), or, with
+      ``crawl`` (GPF's natural steps, :data:`CRAWL`), ``patience`` accepted steps in a row
+      each moved q by less than ``crawl * tol`` of its sds (step size times the square root
+      of the decrement) while the decrement stayed above ``tol**2``: a crawl that would take
+      thousands of steps to go anywhere. (A deep ensemble's gradient steps have no such
+      scale: on the ensembles tutorial's network every step was that small, and the test
+      stalled it at step 10 with test accuracy 0.11 where 300 steps reach 0.98.)
     """
 
     window: int = 3
     patience: int = 10
     far_patience: int = 50
     min_step: float = 1e-12
+    crawl: float = 0.0  # the crawl test's fraction of tol (0: off); GPF's is CRAWL
 
     kind: ClassVar[str] = "deterministic"
 
@@ -365,9 +369,9 @@ class Deterministic(Control):
         state = state._replace(decrements=decrements, last_decrement=last)
         if info["accepted"] and len(decrements) == self.window and max(decrements) < self.tol**2:
             return state, Decision("converged")
-        if info["accepted"] and not state.verifying:
+        if self.crawl and info["accepted"]:
             moved = float(info["step_size"]) * math.sqrt(max(last, 0.0))
-            crawling = state.crawling + 1 if moved < CRAWL * self.tol else 0
+            crawling = state.crawling + 1 if moved < self.crawl * self.tol else 0
             state = state._replace(crawling=crawling)
             if crawling >= self.patience:
                 return state._replace(crawling=0), Decision("stalled")
@@ -410,10 +414,15 @@ class Deterministic(Control):
             )
         if reason == "stalled":
             return (
-                f"stalled: no step size down to {self.min_step:g} lowered the free energy, or "
-                f"{self.patience} steps in a row moved q by less than {CRAWL * self.tol:.2g} "
-                f"of its sds (natural-gradient decrement {state.last_decrement:.2g} > tol^2); "
-                "the log-density may be non-smooth or not finite near q"
+                f"stalled: no step size down to {self.min_step:g} lowered the free energy"
+                + (
+                    f", or {self.patience} steps in a row moved q by less than "
+                    f"{self.crawl * self.tol:.2g} of its sds"
+                    if self.crawl
+                    else ""
+                )
+                + f" (natural-gradient decrement {state.last_decrement:.2g} > tol^2); the "
+                "log-density may be non-smooth or not finite near q"
             )
         return super().describe(state, reason)
 

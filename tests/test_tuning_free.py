@@ -200,7 +200,7 @@ def test_a_backtracking_fit_that_crawls_is_stalled():
     ``patience`` of them in a row stall the fit; one that moves further restarts the count."""
     from pymc_gpf.control import CRAWL
 
-    control = Deterministic(tol=0.03, patience=10)
+    control = Deterministic(tol=0.03, patience=10, crawl=CRAWL)
     size = 0.5 * CRAWL * 0.03 / np.sqrt(2.0)  # moves q by half of CRAWL * tol
     crawl = {"accepted": True, "step_size": size, "decrement": 2.0}
     stops, _ = _stops(control, [crawl] * 10)
@@ -209,6 +209,8 @@ def test_a_backtracking_fit_that_crawls_is_stalled():
     stops, _ = _stops(control, [crawl] * 9 + [moving] + [crawl] * 9)
     assert stops == [None] * 19
     assert "moved q by less than" in control.describe(control.init(), "stalled")
+    # off by default (a deep ensemble's gradient steps)
+    assert _stops(Deterministic(tol=0.03, patience=10), [crawl] * 10)[0] == [None] * 10
 
 
 def test_an_ensemble_out_of_steps_says_how_many_more_its_ess_needs():

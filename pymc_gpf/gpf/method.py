@@ -18,7 +18,7 @@ import xarray as xr
 from pymc_gpf.approximation import GaussianApproximation, ParticlesMixin
 from pymc_gpf.checks import check_particles, renamed
 from pymc_gpf.clouds import antithetic_cloud
-from pymc_gpf.control import Control, Deterministic
+from pymc_gpf.control import CRAWL, Control, Deterministic
 from pymc_gpf.engine import FlowInference
 from pymc_gpf.errors import FitWarning
 from pymc_gpf.gaussian import GaussianQ
@@ -337,7 +337,7 @@ class GPF(FlowInference):
 
     def _control(self, options: FitOptions) -> Control:
         if options.auto and self._line_search:
-            return Deterministic(options.tol)
+            return Deterministic(options.tol, crawl=CRAWL)
         return super()._control(options)
 
     def _on_stop(self, reason: str, step_count: int) -> str | None:
