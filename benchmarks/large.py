@@ -270,7 +270,7 @@ def big_reference_cell(payload: dict) -> dict:
 
 def big_cell(payload: dict) -> dict:
     """``payload["method"]`` at its defaults on :func:`big_logistic`: wall time from the model
-    built to the fit done, errors of 4000 draws against the Laplace reference."""
+    built to the fit done, errors of 4000 draws against :func:`big_reference_cell`'s."""
     method = payload["method"]
     model, _, _ = big_logistic(payload["rows"], minibatch=method.endswith("minibatch"))
     reference = np.load(payload["path"])
@@ -295,26 +295,31 @@ def big_cell(payload: dict) -> dict:
     return out | errors_and_memory(np.asarray(values).reshape(-1, len(mean)), mean, sd)
 
 
-def big_data(ctx) -> str:
-    rows, tmp = [], tempfile.TemporaryDirectory()
-    for n in ctx.pick([10**4], [10**4, 10**5, 10**6]):
-        case, path = f"n = {n}", str(Path(tmp.name) / f"reference_{n}.npz")
-        out = harness.run_child(big_reference_cell, dict(rows=n, path=path))
+def big_data_rows(ctx, n: int, path: str) -> list[list]:
+    """The table's rows for ``n`` rows, its reference saved at ``path`` first."""
+    out, rows = harness.run_child(big_reference_cell, dict(rows=n, path=path)), []
+    if "error" in out:
+        return [["reference", f"{n:.0e}", "failed", "", "", "", "", "", out["error"][:80]]]
+    methods = ctx.pick(["gpf", "gf_minibatch"], list(BIG_LABELS))
+    for method in (m for m in methods if n <= BIG_UP_TO.get(m, n)):
+        out = run_cell(ctx, big_cell, f"n = {n}", dict(rows=n, method=method, path=path))
+        label = BIG_LABELS[method]
         if "error" in out:
-            rows.append(["reference", f"{n:.0e}", "failed", "", "", "", "", "", out["error"][:80]])
+            rows.append([label, f"{n:.0e}", "failed", "", "", "", "", "", out["error"][:80]])
             continue
-        methods = ctx.pick(["gpf", "gf_minibatch"], list(BIG_LABELS))
-        for method in (m for m in methods if n <= BIG_UP_TO.get(m, n)):
-            out = run_cell(ctx, big_cell, case, dict(rows=n, method=method, path=path))
-            label = BIG_LABELS[method]
-            if "error" in out:
-                rows.append([label, f"{n:.0e}", "failed", "", "", "", "", "", out["error"][:80]])
-                continue
-            accurate = out["eps_mu"] < 0.1 and out["eps_sd"] < 0.1
-            rows.append([label, f"{n:.0e}", fmt(out["seconds"]), f"{out['peak_mb']:.0f}",
-                         fmt(out["eps_mu"], 2), pct(out["eps_sd"]), fmt(out.get("grads", np.nan)),
-                         "yes" if accurate else "no", out["ends"]
-                         + ("" if accurate or out["warned"] else "; **SILENT**")])  # fmt: skip
+        accurate = out["eps_mu"] < 0.1 and out["eps_sd"] < 0.1
+        rows.append([label, f"{n:.0e}", fmt(out["seconds"]), f"{out['peak_mb']:.0f}",
+                     fmt(out["eps_mu"], 2), pct(out["eps_sd"]), fmt(out.get("grads", np.nan)),
+                     "yes" if accurate else "no", out["ends"]
+                     + ("" if accurate or out["warned"] else "; **SILENT**")])  # fmt: skip
+    return rows
+
+
+def big_data(ctx) -> str:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in ctx.pick([10**4], [10**4, 10**5, 10**6]):
+            rows += big_data_rows(ctx, n, str(Path(tmp) / f"reference_{n}.npz"))
     table = md_table(["method", "rows", "seconds", "peak memory (MB)", "max ε_μ", "max ε_σ",
                       "grad evals", "accurate", "ends; verdict"], rows, left=2)  # fmt: skip
     return ctx.text("big_data", table=table) + "\n"
