@@ -16,6 +16,9 @@ from conftest import gaussian_target, mvnormal_model
 
 import pymc_gpf
 
+from pymc_gpf.diagnostics import free_energy_gap
+from pymc_gpf.gpf.particles import bias_settled, is_biased
+
 DRAWS = 20_000
 
 
@@ -101,6 +104,10 @@ def test_an_exact_fit_has_constant_ratios(correlated):
     np.testing.assert_allclose(diagnosis.log_p, diagnosis.log_q, atol=1e-8)
     # a quadratic log p: the particles' quadrature of E_q[log p] is exact, so F = -ELBO
     assert abs(diagnosis.free_energy_gap) < 1e-6 and not diagnosis.finite_n_bias
+    # so GPF's bias check is settled by its first batch of draws
+    rng = np.random.default_rng(3)
+    gap, mcse, draws = free_energy_gap(approx, diagnosis.free_energy, 1000, rng, bias_settled, 256)
+    assert draws == 256 and abs(gap) < 1e-6 and mcse < 1e-8
 
 
 def test_free_energy_gap_measures_finite_n_bias():
@@ -119,6 +126,14 @@ def test_free_energy_gap_measures_finite_n_bias():
     assert abs(diagnosis.free_energy_gap - 0.5) < 4 * diagnosis.elbo_mcse
     assert diagnosis.pareto_k < diagnosis.threshold
     assert diagnosis.finite_n_bias and "finite-N bias" in diagnosis.verdict
+    # GPF's own bias check draws in batches only while q is nearly p: here its log-ratios
+    # vary, so it takes all its draws, both where its free energy is biased and where not
+    rng = np.random.default_rng(3)
+    fixed = diagnosis.free_energy
+    gap, mcse, draws = free_energy_gap(approx, fixed, 1000, rng, bias_settled, 256)
+    assert draws == 1000 and is_biased(gap, mcse) and abs(gap - 0.5) < 4 * mcse
+    gap, mcse, draws = free_energy_gap(approx, fixed + 0.5, 1000, rng, bias_settled, 256)
+    assert draws == 1000 and abs(gap) < 4 * mcse
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,6 @@ from pymc_gpf.gpf import flow, held, step
 from pymc_gpf.gpf.config import GPFConfig
 from pymc_gpf.gpf.fresh import fresh_draws_fit
 from pymc_gpf.gpf.particles import (
-    BIAS_DRAWS,
     MAX_DEFAULT_PARTICLES,
     MIN_DEFAULT_PAIRS,
     ParticleStages,
@@ -398,8 +397,8 @@ class GPF(FlowInference):
             self.revise_control(Deterministic.verify)
             return None
         self.own.stages.final_free_energy = self.own.auto.finish(restore_best=False)
-        decision = self.own.stages.check(self.approx, self._method_rng)
-        self.record.count(densities=BIAS_DRAWS)
+        decision, draws = self.own.stages.check(self.approx, self._method_rng)
+        self.record.count(densities=draws)
         if decision != "double":
             return reason if decision == "unbiased" else self._fresh_draws(decision, step_count)
         return None if self._grow(step_count, {}) else self._fresh_draws("biased", step_count)
