@@ -234,7 +234,8 @@ class FlowInference(Inference):
         """Run this call's ``n`` steps some other way than the engine's loop (GPF: GF's flow
         fitting a structure particles cannot hold, or continuing a fit it took over), put
         them on record (:meth:`merge_run`, :meth:`conclude_run`) and return how they ended;
-        ``None`` (the default): the engine's loop runs them. The verdict follows either way."""
+        ``None`` (the default): the engine's loop runs them, or those left after a stage
+        put on record (WVGD's Gaussian fit). The verdict follows either way."""
         return None
 
     def run_ended(self, run: FitRecord) -> None:
@@ -639,8 +640,8 @@ class FlowInference(Inference):
         if reason is not None:
             self._give_verdict(reason)
             return
-        with self.blas_threads():
-            self._steps_and_verdict(n, progressbar, progressbar_theme)
+        with self.blas_threads():  # the steps a stage run elsewhere left
+            self._steps_and_verdict(self.step_limit - self.state.i, progressbar, progressbar_theme)
 
     @property
     def compile_backend(self) -> str | None:
@@ -791,9 +792,10 @@ class FlowInference(Inference):
         self.record.merge(run)
         self.state = self.state._replace(i=len(self.hist))
 
-    def conclude_run(self, reason: str, n: int) -> None:
-        """A call of ``n`` steps ended for ``reason``: its outcome goes on record."""
-        message = self.end_message(reason)
+    def conclude_run(self, reason: str, n: int, message: str | None = None) -> None:
+        """A call of ``n`` steps ended for ``reason`` (``message``: how, where a method says
+        so itself; else the controller's): its outcome goes on record."""
+        message = self.end_message(reason) if message is None else message
         self.record.conclude(fit_outcome(reason, n, len(self.hist), self.fit_options, message))
 
     def replace_callbacks(self, callbacks: list[Callable]) -> None:

@@ -24,7 +24,7 @@ from pymc_gpf.options import FitOptions
 from pymc_gpf.record import FitRecord
 from pymc_gpf.stepgraph import CompiledStep
 
-__all__ = ["fit_outcome", "progress_text", "run_steps"]
+__all__ = ["fit_outcome", "progress_text", "run_steps", "show_finished"]
 
 logger = logging.getLogger("pymc_gpf")
 # numba compiles at the first call: tens of seconds for a model new to this machine, about a
@@ -106,6 +106,17 @@ def run_steps(
         result.free_energy, result.step_sizes = scores[:done], sizes[:done]
         finish(result)
     return result
+
+
+def show_finished(title: str, steps: int, text: str, progressbar: bool, theme=None) -> None:
+    """The progress display of a run done elsewhere (a stage's steps adopted as the run's):
+    one finished line."""
+    progress = CustomProgress(
+        *progress_columns(True), TextColumn("{task.fields[loss]}"), console=_console(theme),
+        disable=not progressbar,
+    )  # fmt: skip
+    with progress:
+        progress.add_task(title, total=steps, completed=steps, loss=text)
 
 
 PROGRESS_WIDTH = 120  # columns of the progress line in a log or a notebook (not a terminal)

@@ -236,10 +236,17 @@ def test_progressbar_shows_steps_and_the_outcome(regression_model, capsys):
     assert max(len(line) for line in lines) <= 120
     pm.fit(25, method="gpf", model=regression_model, learning_rate=0.01)
     assert "100%" in capsys.readouterr().out
-    stochastic = pm.fit(method="wvgd", model=regression_model, random_seed=1)
+    stochastic = pm.fit(method="wvgd", model=regression_model, random_seed=1,
+                        inf_kwargs={"n_particles": 5})  # fmt: skip
     last = [line for line in capsys.readouterr().out.splitlines() if line.strip()][-1]
     assert f"step {len(stochastic.hist)}" in last and "%" not in last
     assert "plateau test on windows" in last or "averaging" in last  # where its test stands
+    # at its defaults WVGD starts with its Gaussian fit (GF's line), whose q is its one cell
+    one_cell = pm.fit(method="wvgd", model=regression_model, random_seed=1)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert [line.split()[1] for line in lines] == ["GF:", "WVGD:"]
+    assert all(f"step {len(one_cell.hist)}" in line for line in lines)
+    assert lines[1].rstrip().endswith("one cell, the Gaussian fit's q; converged")
     quiet = pm.fit(method="gpf", model=regression_model, progressbar=False, random_seed=1)
     quiet.inference.refine(5)
     assert capsys.readouterr().out == ""

@@ -446,13 +446,14 @@ def fit_inside(
     gf: GF, n: int | None = None, options: FitOptions | None = None, **keywords
 ) -> GFApproximation:
     """Fit ``gf`` as a stage of another method's fit (GPF's continuation, WVGD's whitening,
-    an ensemble's start): no progress bar of its own (inside the outer fit's loop, a line
-    of its display) and no FitWarning of its own (the outer fit states the outcome), with
-    the outer fit's ``tol``, ``backend`` and ``compile_kwargs`` (``options``) unless
-    ``keywords`` say otherwise."""
+    an ensemble's start): no progress bar of its own unless ``progressbar=True`` (inside
+    the outer fit's loop, a line of its display) and no FitWarning of its own (the outer
+    fit states the outcome), with the outer fit's ``tol``, ``backend`` and
+    ``compile_kwargs`` (``options``) unless ``keywords`` say otherwise."""
     if options is not None:
         outer = {"tol": options.tol, "backend": options.backend}
         keywords = outer | {"compile_kwargs": options.compile_kwargs} | keywords
+    keywords = {"progressbar": False} | keywords
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FitWarning)
-        return gf.fit(n, progressbar=False, **keywords)
+        return gf.fit(n, **keywords)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -12,11 +14,13 @@ import xarray as xr
 from pymc_gpf.approximation import FlowApproximation
 from pymc_gpf.checks import check_particles, renamed, seed_sequence
 from pymc_gpf.engine import END_STREAM, WHITEN_STREAM, FlowInference
-from pymc_gpf.errors import DivergenceError
+from pymc_gpf.errors import DivergenceError, FitWarning
 from pymc_gpf.gf import GF, fit_inside
 from pymc_gpf.gf.parameters import MAX_DEFAULT_RANK
-from pymc_gpf.options import FitOptions
+from pymc_gpf.loop import show_finished
+from pymc_gpf.options import AUTO, FitOptions
 from pymc_gpf.protocols import Initialised
+from pymc_gpf.record import FitRecord
 from pymc_gpf.start import initial_centre
 from pymc_gpf.stepgraph import (
     StepGraph,
@@ -28,7 +32,7 @@ from pymc_gpf.stepgraph import (
 )
 from pymc_gpf.verdict import FAMILY_LIMITED, TRUSTWORTHY, Verdict
 from pymc_gpf.wvgd import step
-from pymc_gpf.wvgd.config import WVGDConfig
+from pymc_gpf.wvgd.config import DEFAULT_PARTICLES, WVGDConfig
 from pymc_gpf.wvgd.mixture import (
     EMPTY_LOG_MASS,
     MixtureProposal,
@@ -230,6 +234,12 @@ class WVGDState:
     # the initial particles' offsets from the start (None: initial_particles given), which
     # the whitening maps to its coordinates as they are (:meth:`WVGD._whiten`)
     spread: np.ndarray | None = None
+    # n_particles="auto": the first run begins with the Gaussian fit (run_elsewhere)
+    whitening_pending: bool = False
+    # that fit, while unfinished (refine continues it; saved as the continuation)
+    gf: GF | None = None
+    # that fit sufficed: one cell holds its q
+    one_cell: bool = False
 
 
 class WVGD(FlowInference):
@@ -247,7 +257,10 @@ class WVGD(FlowInference):
     Parameters
     ----------
     n_particles
-        ``J >= 1`` (default 5).
+        ``J >= 1``, or ``"auto"`` (the default): one cell where the Gaussian fit WVGD runs in
+        (``whiten``) is trustworthy and found no other mode, its q being then WVGD's with
+        one particle (the fit takes no step of its own: five cells cost 27-39 times the
+        gradients on four such posteriors for no measurable gain), else 5.
     draws_per_particle
         Draws ``M >= 1`` of each local Gaussian per step (default 50). Called ``n_samples``
         before 0.2 (still accepted, with a warning).
@@ -309,7 +322,7 @@ class WVGD(FlowInference):
 
     def __init__(
         self,
-        n_particles: int = 5,
+        n_particles: int | str = AUTO,
         *,
         draws_per_particle: int = 50,
         init_scale: float | None = None,
@@ -346,7 +359,7 @@ class WVGD(FlowInference):
             approx = WVGDApproximation(self, particles, config.spread, self.whitens)
             return Initialised(approx, replace(config, n_particles=len(particles)), own=WVGDState())
         centre = initial_centre(target, self._start, config.init, self._init_rng)
-        j, d = config.n_particles, target.ndim
+        j, d = config.particles_at_start, target.ndim
         noise = self._init_rng.standard_normal((j, d)) if j > 1 else np.zeros((1, d))
         spread = (config.spread * noise).astype(target.dtype)
         particles = (centre + spread).astype(target.dtype)
@@ -362,52 +375,166 @@ class WVGD(FlowInference):
             "gaussian_verdict": own.gaussian_verdict,
             "seeded_modes": own.seeded_modes,
             "unseeded_modes": own.unseeded_modes,
+            "one_cell": own.one_cell,
         }
+
+    continuation = property(lambda self: self.own.gf)
+
+    def load_continuation(self, inner) -> None:
+        self.own.gf = inner
 
     def load_checkpoint_extra(self, extra: dict) -> None:
         self.own.gaussian_verdict = extra.get("gaussian_verdict")
         self.own.seeded_modes = int(extra.get("seeded_modes", 0))
         self.own.unseeded_modes = int(extra.get("unseeded_modes", 0))
+        self.own.one_cell = bool(extra.get("one_cell", False))
 
     def _before_first_fit(self, options: FitOptions) -> None:
-        if self.whitens:
-            self._whiten(options)
+        if not self.whitens:
+            return
+        if self._cells_chosen(options):
+            self.own.whitening_pending = True  # the first run fits it (run_elsewhere)
+            return
+        gf = self._gaussian_fit(options, None, False, [])
+        self.record.count(gf.gradient_evaluations, gf.density_evaluations)
+        self._whiten(gf)
 
-    def _whiten(self, options: FitOptions) -> None:
-        """Fit GF (its defaults, this fit's start, tolerance and backend) and move the
-        particles and local Gaussians into its coordinates: by default the initial spread
-        around GF's mean in its sds; ``initial_particles`` and a given ``init_scale`` (the
-        model's coordinates: e.g. particles spread on the prior's scale to reach several
-        modes, which GF's Gaussian may not cover) mapped, the local sds as those of the
-        mapped Gaussians' marginals."""
+    def _cells_chosen(self, options: FitOptions) -> bool:
+        """``n_particles="auto"`` at the automatic step size (no particles, spread or
+        hyperparameters given): the Gaussian fit is the fit's first stage, on its trace,
+        and holds its one cell where it suffices (:meth:`run_elsewhere`)."""
+        return (
+            self.config.auto_particles
+            and self.initial_particles is None
+            and self.config.init_scale is None
+            and options.auto
+            and not options.more_obj_params
+        )
+
+    def _gaussian_fit(self, options: FitOptions, n: int | None, progressbar: bool, callbacks):
+        """GF at its defaults, from this fit's start, with its tolerance, backend and
+        verdict: the Gaussian whose coordinates WVGD runs in."""
         seed = int(self.stream(WHITEN_STREAM).generate_state(1)[0])
         gf = GF(init=self.config.init, model=self.model, random_seed=seed, start=self._start)
         try:
             # a rough Gaussian still whitens; WVGD's own outcome is what the user reads
-            fit_inside(gf, None, options, check_draws=options.check_draws)
+            fit_inside(gf, n, options, check_draws=options.check_draws, progressbar=progressbar,
+                       callbacks=callbacks)  # fmt: skip
         except DivergenceError as err:
             gf = err.approx.inference
-        self.record.count(gf.gradient_evaluations, gf.density_evaluations)
         self.own.gaussian_verdict = gf.outcome.verdict if gf.outcome is not None else None
+        return gf
+
+    @staticmethod
+    def _whitening(gf: GF) -> tuple[np.ndarray, np.ndarray, float] | None:
+        """``x = mean + factor u`` of GF's q (``None`` where its factor is singular)."""
         mean, factor = gf.approx.gaussian().mean, gf.approx.factor
         if factor.shape[1] != factor.shape[0]:  # GF's low-rank structure: [U, diag(s)]
             factor = np.linalg.cholesky(factor @ factor.T)
         sign, log_det = np.linalg.slogdet(factor)
         if sign == 0 or not np.isfinite(log_det):
-            return  # GF's factor is singular: the identity map stays
-        state, dtype = self.approx.state, self.target.dtype
-        log_scales = state.local_log_scales.get_value()
-        if self.initial_particles is None and self.config.init_scale is None:
+            return None
+        return mean, factor, float(log_det)
+
+    def _whiten(self, gf: GF, one_cell: bool = False) -> bool:
+        """Move the particles and local Gaussians into the coordinates of GF's q (``False``
+        where its factor is singular: the identity map stays): ``one_cell``, one particle
+        whose local Gaussian N(0, I) there is GF's q; by default the initial spread around
+        GF's mean in its sds; ``initial_particles`` and a given ``init_scale`` (the model's
+        coordinates: e.g. particles spread on the prior's scale to reach several modes,
+        which GF's Gaussian may not cover) mapped, the local sds as those of the mapped
+        Gaussians' marginals."""
+        whitening = self._whitening(gf)
+        if whitening is None:
+            return False
+        mean, factor, log_det = whitening
+        d, dtype = self.target.ndim, self.target.dtype
+        if one_cell:
+            u, log_scales = np.zeros((1, d)), np.zeros((1, d))
+        elif self.initial_particles is None and self.config.init_scale is None:
             u = self._on_other_modes(self.own.spread, gf.approx.other_modes, mean, factor)
+            log_scales = np.full(u.shape, np.log(self.config.spread))
         else:
             inverse = np.linalg.inv(factor)
             u = (self.approx.particles - mean) @ inverse.T
+            log_scales = self.approx.state.local_log_scales.get_value()
             log_scales = log_scales + 0.5 * np.log(np.sum(inverse**2, axis=1))
-        for var, value in (
-            (state.shift, mean), (state.factor, factor), (state.log_det, log_det),
-            (state.particles, u), (state.local_means, u), (state.local_log_scales, log_scales),
-        ):  # fmt: skip
+        state = step.init_state(np.asarray(u, dtype=dtype), 1.0, whiten=True)._replace(
+            local_log_scales=log_scales, shift=mean, factor=factor, log_det=np.asarray(log_det)
+        )
+        for var, value in zip(self.approx.state, state, strict=True):
             var.set_value(np.asarray(value, dtype=dtype))
+        return True
+
+    def run_elsewhere(self, n: int, progressbar: bool) -> str | None:
+        """``n_particles="auto"``: the fit starts with its Gaussian fit, whose steps are the
+        fit's first. Where it converged trustworthy with no other mode found (a Gaussian
+        suffices; five cells cost 27-39 times its gradient evaluations on four such
+        posteriors, 2026-11-28, for no measurable gain), one cell holds its q and the fit
+        ends there; else the cells continue from it, in its coordinates, for the steps left.
+        A Gaussian fit cut short (the step cap, a callback, an interrupt) shows its q so far
+        as one cell, and ``refine`` continues it (saved as the fit's continuation)."""
+        gf = self.own.gf
+        if gf is None and not self.own.whitening_pending:
+            return None
+        callbacks = self._callbacks_on_gaussian()
+        if gf is None:
+            self.own.whitening_pending = False
+            gf = self.own.gf = self._gaussian_fit(self.fit_options, n, progressbar, callbacks)
+            run = FitRecord(gf.hist.copy(), gf.step_sizes.copy(),
+                            gradient_evaluations=gf.gradient_evaluations,
+                            density_evaluations=gf.density_evaluations)  # fmt: skip
+        else:  # the Gaussian fit left unfinished goes on
+            done, grads, densities = len(gf.hist), gf.gradient_evaluations, gf.density_evaluations
+            gf.replace_callbacks(callbacks)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FitWarning)  # the verdict below says it once
+                gf.refine(n, progressbar=progressbar)
+            run = FitRecord(gf.hist[done:].copy(), gf.step_sizes[done:].copy(),
+                            gradient_evaluations=gf.gradient_evaluations - grads,
+                            density_evaluations=gf.density_evaluations - densities)  # fmt: skip
+        self.merge_run(run)
+        outcome, modes = gf.outcome, gf.approx.other_modes
+        unfinished = outcome.reason in ("max_steps", "callback", "interrupted")
+        suffices = outcome.verdict == TRUSTWORTHY and (modes is None or not len(modes))
+        if not (unfinished or suffices) or not self._whiten(gf, one_cell=True):
+            self.own.gf = None
+            self._whiten(gf)
+            return None
+        self.own.one_cell = not unfinished
+        if unfinished:
+            message = f"{outcome.message} (WVGD's Gaussian fit; one cell shows its q so far)"
+        else:
+            self.own.gf = None
+            message = (
+                "converged: the Gaussian fit WVGD runs in converged and was trustworthy, with "
+                "no other mode found, so one cell holds its q (n_particles='auto'; "
+                f"n_particles={DEFAULT_PARTICLES} for {DEFAULT_PARTICLES} cells)"
+            )
+        self.conclude_run(outcome.reason, n, message)
+        cell = "one cell, the Gaussian fit's q" + (" so far" if unfinished else "")
+        text = f"F = {self.hist[-1]:,.6g}; {cell}" if len(self.hist) else cell
+        show_finished("Fitting WVGD:", len(self.hist), f"{text}; {outcome.reason}", progressbar)
+        return outcome.reason
+
+    def _callbacks_on_gaussian(self) -> list:
+        """The fit's callbacks on the Gaussian fit's steps: they see this fit, its one cell
+        holding that fit's q at the step."""
+        callbacks = self.state.callbacks
+        if not callbacks:
+            return []
+
+        def through(callback):
+            def call(approx, hist, i):
+                self._whiten(approx.inference, one_cell=True)
+                callback(self.approx, hist, i)
+
+            return call
+
+        def saw(approx, hist, i) -> None:
+            self.callbacks_seen(i)
+
+        return [*(through(c) for c in callbacks), saw]
 
     def _on_other_modes(self, u: np.ndarray, modes, mean, factor) -> np.ndarray:
         """The initial particles ``u`` (whitened) with all but the first moved onto the
@@ -428,6 +555,7 @@ class WVGD(FlowInference):
             "init": self.config.init if self.initial_particles is None else "initial_particles",
             "free_energy": "-(sum_j beta_j ELBO_j + H(beta)), the mixture's -ELBO",
             "coordinates": "a GF fit's (whitened)" if self.whitens else "the model's",
+            "cells": len(self.approx.state.particles.get_value()),
         }
 
     def _build_step(self, options: FitOptions) -> StepGraph:

@@ -315,19 +315,41 @@ def test_logq_is_the_normalised_mixture_density(standard_normal):
     np.testing.assert_allclose(single.logq(grid[::1000]), expected, rtol=1e-12)
 
 
-def test_whitened_coordinates_fit_a_correlated_badly_scaled_gaussian_at_defaults():
-    """sds 0.01, 1 and 100 with correlations 0.9 (a regression on unscaled predictors looks
-    like this): in the model's coordinates five mean-field local Gaussians need steps of
-    every scale at once (on two such regressions the fit ran out of 10 000 steps 1.5-2.3
-    sds off); in GF's whitened coordinates the posterior is N(0, I) and the defaults fit
-    it. Checked against the closed form: means within 0.1 sd, sds within 10 %."""
+@pytest.fixture(scope="module")
+def unscaled_gaussian():
+    """sds 0.01, 1 and 100 with correlations 0.9: the model, its means and sds."""
     sd = np.array([0.01, 1.0, 100.0])
     corr = np.full((3, 3), 0.9) + 0.1 * np.eye(3)
     cov, mean = corr * np.outer(sd, sd), np.array([5.0, -1.0, 300.0])
     with pm.Model() as model:
         pm.MvNormal("x", mu=mean, cov=cov)
-    approx = pm.fit(method="wvgd", model=model, random_seed=1, progressbar=False)
+    return model, mean, sd
+
+
+@pytest.mark.parametrize("n_particles", ["auto", 5])
+def test_whitened_coordinates_fit_a_correlated_badly_scaled_gaussian_at_defaults(
+    unscaled_gaussian, n_particles
+):
+    """sds 0.01, 1 and 100 with correlations 0.9 (a regression on unscaled predictors looks
+    like this): in the model's coordinates five mean-field local Gaussians need steps of
+    every scale at once (on two such regressions the fit ran out of 10 000 steps 1.5-2.3
+    sds off); in GF's whitened coordinates the posterior is N(0, I) and the defaults fit
+    it. Checked against the closed form: means within 0.1 sd, sds within 10 %. At the
+    default n_particles="auto" the Gaussian fit is trustworthy, so one cell holds its q and
+    WVGD takes no step of its own: its trace and its evaluations are that fit's."""
+    model, mean, sd = unscaled_gaussian
+    approx = pm.fit(method="wvgd", model=model, random_seed=1, progressbar=False,
+                    inf_kwargs={"n_particles": n_particles})  # fmt: skip
     assert approx.outcome.converged and approx.outcome.verdict == "trustworthy"
+    one_cell = n_particles == "auto"
+    assert len(approx.particles) == (1 if one_cell else 5)
+    assert ("one cell holds its q" in approx.outcome.message) == one_cell
+    if one_cell:  # GF's draws a step, not a cell's 50
+        gf = pymc_gpf.GF(model=model).fit(1, progressbar=False)
+        per_step = gf.to_datatree()["gf"].attrs["draws_per_step"]
+        fit = approx.to_datatree()["fit"].attrs
+        mode_search = fit.get("check_mode_search_evaluations", 0)
+        assert fit["gradient_evaluations"] == per_step * approx.outcome.step + mode_search
     tree = approx.sample(20_000, random_seed=0)
     draws = tree.posterior["x"].values.reshape(-1, 3)
     np.testing.assert_array_less(np.abs(draws.mean(0) - mean) / sd, 0.1)
@@ -338,3 +360,22 @@ def test_whitened_coordinates_fit_a_correlated_badly_scaled_gaussian_at_defaults
     np.testing.assert_allclose(np.sqrt(np.diag(factor @ factor.T)) / sd, 1, atol=0.1)
     # the particles are reported in the model's coordinates
     np.testing.assert_array_less(np.abs(approx.particles - mean) / sd, 3.0)
+
+
+def test_a_gaussian_stage_cut_short_continues_exactly(unscaled_gaussian):
+    """At its defaults WVGD starts with its Gaussian fit; a step cap inside it leaves one
+    cell showing that fit's q so far, and refine continues that fit: the same trace and
+    q as a fit that ran to its end in one call."""
+    model = unscaled_gaussian[0]
+    whole = pm.fit(method="wvgd", model=model, random_seed=1, progressbar=False)
+    assert whole.outcome.converged and len(whole.particles) == 1
+    with pytest.warns(pymc_gpf.FitWarning, match="did not converge"):
+        part = pm.fit(10, method="wvgd", model=model, random_seed=1, progressbar=False)
+    assert part.outcome.reason == "max_steps" and len(part.particles) == 1
+    assert "one cell shows its q so far" in part.outcome.message
+    assert part.inference.continuation is not None
+    part.refine(10_000 - 10)
+    assert part.outcome.converged and part.inference.continuation is None
+    np.testing.assert_array_equal(part.hist, whole.hist)
+    for a, b in zip(part.params, whole.params, strict=True):
+        np.testing.assert_array_equal(a.get_value(), b.get_value())
