@@ -477,23 +477,26 @@ class WVGD(FlowInference):
         gf = self.own.gf
         if gf is None and not self.own.whitening_pending:
             return None
-        callbacks = self._callbacks_on_gaussian()
+        # the stage's evaluations so far, on record as its callbacks see its steps
+        counted = {"grads": 0, "densities": 0} if gf is None else {
+            "grads": gf.gradient_evaluations, "densities": gf.density_evaluations}  # fmt: skip
+        callbacks = self._callbacks_on_gaussian(counted)
         if gf is None:
             self.own.whitening_pending = False
             gf = self.own.gf = self._gaussian_fit(self.fit_options, n, progressbar, callbacks)
-            run = FitRecord(gf.hist.copy(), gf.step_sizes.copy(),
-                            gradient_evaluations=gf.gradient_evaluations,
-                            density_evaluations=gf.density_evaluations)  # fmt: skip
+            done = 0
         else:  # the Gaussian fit left unfinished goes on
-            done, grads, densities = len(gf.hist), gf.gradient_evaluations, gf.density_evaluations
+            done = len(gf.hist)
             gf.replace_callbacks(callbacks)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FitWarning)  # the verdict below says it once
                 gf.refine(n, progressbar=progressbar)
-            run = FitRecord(gf.hist[done:].copy(), gf.step_sizes[done:].copy(),
-                            gradient_evaluations=gf.gradient_evaluations - grads,
-                            density_evaluations=gf.density_evaluations - densities)  # fmt: skip
-        self.merge_run(run)
+            self.own.gaussian_verdict = gf.outcome.verdict
+        self.merge_run(FitRecord(
+            gf.hist[done:].copy(), gf.step_sizes[done:].copy(),
+            gradient_evaluations=gf.gradient_evaluations - counted["grads"],
+            density_evaluations=gf.density_evaluations - counted["densities"],
+        ))  # fmt: skip
         outcome, modes = gf.outcome, gf.approx.other_modes
         unfinished = outcome.reason in ("max_steps", "callback", "interrupted")
         suffices = outcome.verdict == TRUSTWORTHY and (modes is None or not len(modes))
@@ -517,16 +520,22 @@ class WVGD(FlowInference):
         show_finished("Fitting WVGD:", len(self.hist), f"{text}; {outcome.reason}", progressbar)
         return outcome.reason
 
-    def _callbacks_on_gaussian(self) -> list:
+    def _callbacks_on_gaussian(self, counted: dict[str, int]) -> list:
         """The fit's callbacks on the Gaussian fit's steps: they see this fit, its one cell
-        holding that fit's q at the step."""
+        holding that fit's q at the step and its evaluations (``counted``: the stage's so
+        far on record) up to it."""
         callbacks = self.state.callbacks
         if not callbacks:
             return []
 
+        def show(gf) -> None:
+            self.record.count(gf.gradient_evaluations - counted["grads"],
+                              gf.density_evaluations - counted["densities"])  # fmt: skip
+            counted.update(grads=gf.gradient_evaluations, densities=gf.density_evaluations)
+            self._whiten(gf, one_cell=True)
+
         def through(callback):
             def call(approx, hist, i):
-                self._whiten(approx.inference, one_cell=True)
                 callback(self.approx, hist, i)
 
             return call
@@ -534,7 +543,8 @@ class WVGD(FlowInference):
         def saw(approx, hist, i) -> None:
             self.callbacks_seen(i)
 
-        return [*(through(c) for c in callbacks), saw]
+        first = [lambda approx, hist, i: show(approx.inference)]
+        return [*first, *(through(c) for c in callbacks), saw]
 
     def _on_other_modes(self, u: np.ndarray, modes, mean, factor) -> np.ndarray:
         """The initial particles ``u`` (whitened) with all but the first moved onto the

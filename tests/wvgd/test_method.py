@@ -367,8 +367,19 @@ def test_a_gaussian_stage_cut_short_continues_exactly(unscaled_gaussian):
     cell showing that fit's q so far, and refine continues that fit: the same trace and
     q as a fit that ran to its end in one call."""
     model = unscaled_gaussian[0]
-    whole = pm.fit(method="wvgd", model=model, random_seed=1, progressbar=False)
+    seen = []  # the callbacks see every step of the Gaussian fit, as this fit's, with its cost
+
+    def watch(approx, hist, i):
+        seen.append((i, len(hist), approx.inference.gradient_evaluations, len(approx.particles)))
+
+    whole = pm.fit(method="wvgd", model=model, random_seed=1, progressbar=False, callbacks=[watch])
     assert whole.outcome.converged and len(whole.particles) == 1
+    steps, counts = len(whole.hist), [c for _, _, c, _ in seen]
+    assert [(i, n, cells) for i, n, _, cells in seen] == [(i, i, 1) for i in range(1, steps + 1)]
+    assert counts == sorted(counts) and counts[0] > 0
+    assert counts[-1] + whole.outcome.checks["gradient_evaluations"] == (
+        whole.inference.gradient_evaluations
+    )
     with pytest.warns(pymc_gpf.FitWarning, match="did not converge"):
         part = pm.fit(10, method="wvgd", model=model, random_seed=1, progressbar=False)
     assert part.outcome.reason == "max_steps" and len(part.particles) == 1
