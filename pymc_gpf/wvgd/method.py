@@ -259,8 +259,9 @@ class WVGD(FlowInference):
     n_particles
         ``J >= 1``, or ``"auto"`` (the default): one cell where the Gaussian fit WVGD runs in
         (``whiten``) is trustworthy and found no other mode, its q being then WVGD's with
-        one particle (the fit takes no step of its own: five cells cost 27-39 times the
-        gradients on four such posteriors for no measurable gain), else 5.
+        one particle (the fit takes no step of its own: on seven such posteriors never seen
+        here five cells cost 27-39 times the Gaussian's gradients and were less accurate on
+        five), else 5.
     draws_per_particle
         Draws ``M >= 1`` of each local Gaussian per step (default 50). Called ``n_samples``
         before 0.2 (still accepted, with a warning).
@@ -469,9 +470,9 @@ class WVGD(FlowInference):
     def run_elsewhere(self, n: int, progressbar: bool) -> str | None:
         """``n_particles="auto"``: the fit starts with its Gaussian fit, whose steps are the
         fit's first. Where it converged trustworthy with no other mode found (a Gaussian
-        suffices; five cells cost 27-39 times its gradient evaluations on four such
-        posteriors, 2026-11-28, for no measurable gain), one cell holds its q and the fit
-        ends there; else the cells continue from it, in its coordinates, for the steps left.
+        suffices: on seven such posteriors, 2026-11-28, five cells cost 27-39 times its
+        gradient evaluations and were less accurate on five), one cell holds its q and the
+        fit ends there; else the cells continue from it, in its coordinates, for the steps left.
         A Gaussian fit cut short (the step cap, a callback, an interrupt) shows its q so far
         as one cell, and ``refine`` continues it (saved as the fit's continuation)."""
         gf = self.own.gf
