@@ -387,6 +387,8 @@ def test_a_gaussian_stage_cut_short_continues_exactly(unscaled_gaussian):
     assert part.inference.continuation is not None
     part.refine(10_000 - 10)
     assert part.outcome.converged and part.inference.continuation is None
+    # the continued Gaussian fit's verdict is the one cell's (not the capped fit's)
+    assert part.inference.gaussian_verdict == "trustworthy" == part.outcome.verdict
     np.testing.assert_array_equal(part.hist, whole.hist)
     for a, b in zip(part.params, whole.params, strict=True):
         np.testing.assert_array_equal(a.get_value(), b.get_value())
