@@ -61,12 +61,10 @@ def run_steps(
     outer = _LIVE.get()
     if outer is not None:
         title = f"  then {title[0].lower()}{title[1:]}"
-    display = nullcontext(outer) if outer is not None else CustomProgress(
-        *progress_columns(stops_itself),
-        TextColumn("{task.fields[loss]}"),
-        console=_console(theme),
-        disable=not progressbar,
-    )  # fmt: skip
+    if outer is None:
+        display = _display(stops_itself, progressbar, theme)
+    else:
+        display = nullcontext(outer)
     live = None
     try:
         with display as progress:
@@ -111,12 +109,14 @@ def run_steps(
 def show_finished(title: str, steps: int, text: str, progressbar: bool, theme=None) -> None:
     """The progress display of a run done elsewhere (a stage's steps adopted as the run's):
     one finished line."""
-    progress = CustomProgress(
-        *progress_columns(True), TextColumn("{task.fields[loss]}"), console=_console(theme),
-        disable=not progressbar,
-    )  # fmt: skip
-    with progress:
+    with _display(True, progressbar, theme) as progress:
         progress.add_task(title, total=steps, completed=steps, loss=text)
+
+
+def _display(stops_itself: bool, progressbar: bool, theme) -> CustomProgress:
+    """A fit's progress display: its columns, then the text of how it stands."""
+    columns = (*progress_columns(stops_itself), TextColumn("{task.fields[loss]}"))
+    return CustomProgress(*columns, console=_console(theme), disable=not progressbar)
 
 
 PROGRESS_WIDTH = 120  # columns of the progress line in a log or a notebook (not a terminal)
