@@ -133,20 +133,22 @@ class Cells(NamedTuple):
 def evaluate(
     state: WVGDState, noise: Variable, m: int, target: BatchedTarget, decay: float
 ) -> tuple[WVGDState, Cells]:
-    """Draw ``m_j + s_j * noise`` ``(J, M, D)`` (``M = m``), evaluate them in one batched
-    call, keep each cell's own (rejection sampling of ``q~_j``), and update the running
-    estimates. Returns
-    the state with its estimates updated (particles and local Gaussians unchanged) and the
-    cells' statistics."""
+    """Draw ``m_j + s_j * noise`` ``(J, M + K, D)``, evaluate the first ``M = m`` of each
+    cell in one batched call, keep each cell's own (rejection sampling of ``q~_j``), and
+    update the running estimates; the other ``K`` only steady the particles' centroids
+    (:func:`flow.particle_direction`). Returns the state with its estimates updated
+    (particles and local Gaussians unchanged) and the cells' statistics."""
     particles, means, log_scales = state.particles, state.local_means, state.local_log_scales
     j, d = particles.shape[0], target.ndim
-    draws = flow.local_draws(means, log_scales, noise)
+    every = flow.local_draws(means, log_scales, noise)
+    every_accepted = flow.accepted_draws(every, particles)
+    draws, accepted, noise = every[:, :m], every_accepted[:, :m], noise[:, :m]
+    extra = (every[:, m:], every_accepted[:, m:]) if every.type.shape[1] != m else None
     points = draws.reshape((j * m, d))
     seen = whitened(target, state)
     logp, grad_logp, _ = seen.logp_and_grads(points)
     logp, grad_logp = logp.reshape((j, m)), grad_logp.reshape((j, m, d))
     logq = flow.local_logq(log_scales, noise)
-    accepted = flow.accepted_draws(draws, particles)
     has = pt.any(accepted, axis=1)
     log_mass, count = flow.running_log_mean(
         state.log_mass, state.mass_count, flow.cell_log_mass(logp, logq, accepted), has, decay
@@ -166,7 +168,7 @@ def evaluate(
     # centroid then weights the cell's accepted draws equally (q~_j's own mean, the
     # "biased" centroid of the authors' code), which the local fit keeps consistent
     centroid_logp = logq if target.minibatch else logp
-    d_particles = flow.particle_direction(particles, draws, centroid_logp, logq, accepted)
+    d_particles = flow.particle_direction(particles, draws, centroid_logp, logq, accepted, extra)
     # with no accepted draw in any cell the bound is stale and nothing can move
     # (e.g. local Gaussians thrown far off by a too-large step)
     free_energy = pt.switch(pt.any(has), -flow.mixture_elbo(elbos, weights), np.nan)
@@ -211,12 +213,18 @@ def _info(cells: Cells, new: WVGDState, noise: Variable, free_energy: Variable, 
 
 class WVGDStatic(NamedTuple):
     """What is fixed for the graph of a step: the running estimates' ``decay`` per step,
-    and (fixed step sizes) the optimisers of the particles, local means and local
-    log-scales and the hyperparameters ``more_obj_params``."""
+    (fixed step sizes) the optimisers of the particles, local means and local log-scales
+    and the hyperparameters ``more_obj_params``, and how many of each cell's draws per step
+    only steady its centroid (the last ``control_draws`` of the noise's)."""
 
     decay: float
     transforms: Sequence[Transform] = ()
     more_obj_params: Sequence[Variable] = ()
+    control_draws: int = 0
+
+    def evaluated(self, noise: Variable) -> int:
+        """``M``: the draws per cell whose log-density a step evaluates."""
+        return noise.type.shape[1] - self.control_draws
 
 
 def init_fixed(q: WVGDState, static: WVGDStatic, dtype: str) -> FixedState:
@@ -243,10 +251,12 @@ def fixed_step(
     """Eq. 20-21 with the optimisers ``static.transforms`` (of the particles, local means
     and local log-scales; dimension-wise Adam by default) and the fixed step sizes ``rates =
     (eta1, eta2)`` of the particles and the local Gaussians, from the local draws of
-    ``noise`` ``(J, M, D)``; a cell without accepted draws keeps its particle and local
-    Gaussian this step. The free energy is the mixture's at the state before the step."""
-    decay, transforms, more_obj_params = static
-    estimated, cells = evaluate(state.q, noise, noise.type.shape[1], target, decay)
+    ``noise`` ``(J, M + K, D)`` (:func:`evaluate`); a cell without accepted draws keeps its
+    particle and local Gaussian this step. The free energy is the mixture's at the state
+    before the step."""
+    decay, transforms, more_obj_params, _ = static
+    m = static.evaluated(noise)
+    estimated, cells = evaluate(state.q, noise, m, target, decay)
     eta1, eta2 = rates
     moved, moments = [], []
     fields = (estimated.particles, estimated.local_means, estimated.local_log_scales)
@@ -259,7 +269,7 @@ def fixed_step(
         moved.append(pt.switch(cells.has[:, None], var - eta * direction, var))
     new = estimated._replace(particles=moved[0], local_means=moved[1], local_log_scales=moved[2])
     hyper = flow.hyper_grads(cells.logp, cells.accepted, cells.weights, more_obj_params)
-    info = _info(cells, new, noise, cells.free_energy, hyper_grads=tuple(hyper))
+    info = _info(cells, new, noise[:, :m], cells.free_energy, hyper_grads=tuple(hyper))
     return FixedState(new, tuple(moments)), info
 
 
@@ -271,7 +281,7 @@ def natural_step(
     static: WVGDStatic,
 ) -> tuple[NaturalState, Info]:
     """Natural-gradient moves (the automatic step size) from the local draws of ``noise``
-    ``(J, M, D)``: each particle moves a fraction ``eta`` of the way to its cell's centroid
+    ``(J, M + K, D)``: each particle moves a fraction ``eta`` of the way to its cell's centroid
     (a damped Lloyd step, eq. 20), each local
     Gaussian ``N(m, s^2)`` by its Fisher-preconditioned gradient ``(s^2 d_m, d_log_s / 2)``
     scaled by the cell's acceptance rate (few accepted draws: a poor estimate) and capped
@@ -282,7 +292,8 @@ def natural_step(
     shrinks the step)."""
     natural, decay, step = state, static.decay, rates[0]
     state = natural.q
-    estimated, cells = evaluate(state, noise, noise.type.shape[1], target, decay)
+    m = static.evaluated(noise)
+    estimated, cells = evaluate(state, noise, m, target, decay)
     particles, means, log_scales = state.particles, state.local_means, state.local_log_scales
     d_particles, d_means, d_log_scales = cells.directions
     acceptance = cells.rate
@@ -309,4 +320,5 @@ def natural_step(
     new = NaturalState(
         WVGDState(*kept), pt.switch(accepted, cells.free_energy, natural.free_energy)
     )
-    return new, _info(cells, new.q, noise, new.free_energy, accepted=accepted, step_size=step)
+    info = _info(cells, new.q, noise[:, :m], new.free_energy, accepted=accepted, step_size=step)
+    return new, info

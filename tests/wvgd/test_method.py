@@ -81,6 +81,57 @@ def test_particles_settle_at_the_lloyd_max_points(standard_normal, n_particles):
     assert -4 * se < hist.mean() < 0.03
 
 
+def test_the_centroid_s_control_variate_is_the_pooled_mean_where_q_is_the_posterior():
+    """Where q~_j is the cell's posterior (log p - log q constant over a cell's draws) the
+    importance-weighted centroid is the mean of the accepted draws, and the control variate
+    replaces it by the mean over all M + K accepted draws: what a cell of M + K evaluated
+    draws would give, at no log-density. Elsewhere it adds the weights' correction
+    (weighted mean minus plain mean over the M) to that pooled mean."""
+    rng = np.random.default_rng(3)
+    j, m, k, d = 3, 6, 40, 2
+    particles, draws, more = (
+        rng.normal(size=(j, d)),
+        rng.normal(size=(j, m, d)),
+        rng.normal(size=(j, k, d)),
+    )
+    accepted, more_accepted = rng.random((j, m)) < 0.7, rng.random((j, k)) < 0.7
+    accepted[:, 0] = True
+    logq = rng.normal(size=(j, m))
+    z, x, xk = pt.matrix("z"), pt.tensor3("x"), pt.tensor3("xk")
+    lp, lq = pt.matrix("lp"), pt.matrix("lq")
+    a, ak = pt.matrix("a", dtype="bool"), pt.matrix("ak", dtype="bool")
+    fn = pytensor.function(
+        [z, x, lp, lq, a, xk, ak], flow.particle_direction(z, x, lp, lq, a, (xk, ak))
+    )
+    plain = pytensor.function([z, x, lp, lq, a], flow.particle_direction(z, x, lp, lq, a))
+    pooled = np.stack([
+        np.concatenate([draws[i][accepted[i]], more[i][more_accepted[i]]]).mean(0)
+        for i in range(j)
+    ])  # fmt: skip
+    exact = fn(particles, draws, logq + 2.5, logq, accepted, more, more_accepted)
+    np.testing.assert_allclose(exact, 2 * (particles - pooled), rtol=1e-10)
+    logp = logq + rng.normal(size=(j, m))
+    weighted = particles - plain(particles, draws, logp, logq, accepted) / 2
+    own = np.stack([draws[i][accepted[i]].mean(0) for i in range(j)])
+    np.testing.assert_allclose(
+        fn(particles, draws, logp, logq, accepted, more, more_accepted),
+        2 * (particles - (weighted - own + pooled)), rtol=1e-10,
+    )  # fmt: skip
+
+
+def test_particles_end_within_tol_of_the_lloyd_max_points_at_defaults(standard_normal):
+    """Three particles on N(0, 1) at the automatic step size and default tol (0.03 sds):
+    the particles end within tol of the Lloyd-Max points. The stop watches q, which their
+    positions hardly move; the centroids' control variate steadies them (ten seeds: at most
+    0.021 off, median 0.011; without it at most 0.097, median 0.053)."""
+    points = np.array(LLOYD_MAX[3][0])
+    for seed in (1, 2, 3):
+        approx = pm.fit(method="wvgd", model=standard_normal, random_seed=seed,
+                        progressbar=False, inf_kwargs={"n_particles": 3})  # fmt: skip
+        assert approx.outcome.converged
+        np.testing.assert_allclose(np.sort(approx.particles[:, 0]), points, atol=0.03)
+
+
 def test_the_stop_watches_the_truncated_mixture_s_moments():
     """Two cells split N(0, 1) at 0 (particles at -0.8 and 0.8), each local Gaussian N(0, 1)
     truncated to its cell, weights 1/2: q is N(0, 1) itself. What the stochastic stop
