@@ -349,6 +349,14 @@ class ParticlesMixin:
         particles = self.particles
         return particles.mean(axis=0), np.maximum(particles.std(axis=0), 1e-300)
 
+    def narrow(self, factor: float, centre: np.ndarray | None = None) -> None:
+        """Move every particle ``factor`` of its way from ``centre`` (default: their mean;
+        a start whose spread reached where the log-density is not finite)."""
+        particles = self.shared_particles.get_value()
+        centre = particles.mean(axis=0) if centre is None else centre
+        factor = np.asarray(factor, dtype=particles.dtype)
+        self.shared_particles.set_value(centre + factor * (particles - centre))
+
     def _method_group(self) -> xr.Dataset:
         """The particles on a ``particle`` dim and the fit's settings."""
         return self._points_dataset(self.particles, "particle", self.inference.settings())

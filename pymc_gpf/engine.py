@@ -125,6 +125,7 @@ class FlowInference(Inference):
     spread_option: ClassVar[str] = "init_scale"  # the option setting the initial spread
     renamed_options: ClassVar[dict[str, str]] = {}  # old constructor keyword -> new
     start_points: ClassVar[str] = "particles"  # what the first step evaluates
+    narrowing: ClassVar[float] = NARROWING  # the spread's factor each time it is narrowed
     # the free energy recorded is the particles' own (GPF: a quadrature finite N can bias low)
     particle_free_energy: ClassVar[bool] = False
     # the stochastic schedule's correlation times per average and agreement margin (in sds)
@@ -705,10 +706,10 @@ class FlowInference(Inference):
             first_step_failed = result.failure == 0 and start == 0 and self.fit_options.auto
             if not first_step_failed or narrowed == MAX_NARROWINGS:
                 break
-            if not self._narrow_start(NARROWING):
+            if not self._narrow_start(self.narrowing):
                 break
             option = self.spread_option
-            narrower = getattr(self.options_in_effect, option) * NARROWING
+            narrower = getattr(self.options_in_effect, option) * self.narrowing
             self.adjusted[option] = narrower
             # a centre where log p is finite (check_start) with initial points around it
             # where it is not (e.g. a censored likelihood underflowing far from the data):

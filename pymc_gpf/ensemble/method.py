@@ -14,7 +14,7 @@ from pymc_gpf.approximation import FlowApproximation, ParticlesMixin
 from pymc_gpf.checks import is_integer
 from pymc_gpf.control import Control, Deterministic
 from pymc_gpf.datatree import build_datatree
-from pymc_gpf.engine import FlowInference
+from pymc_gpf.engine import NARROWING, FlowInference
 from pymc_gpf.ensemble import flow, step
 from pymc_gpf.ensemble.config import EnsembleConfig
 from pymc_gpf.ensemble.control import (
@@ -192,6 +192,8 @@ class EnsembleStart:
     start_fit: dict = field(default_factory=dict)  # the Gaussian fit's numbers, if one ran
     start_q: GaussianQ | None = None  # that fit's q
     start_preconditioner: bool = False  # its covariance preconditions the chains
+    # the point the initial particles spread around (a narrowed start moves them towards it)
+    centre: np.ndarray | None = None
 
 
 class Ensemble(FlowInference):
@@ -266,6 +268,10 @@ class Ensemble(FlowInference):
     """
 
     name = "ensemble"
+    # the chains' noise spreads them again within their burn-in, whereas a Gaussian's
+    # narrowed scales must be learnt back: narrower at once (an initial point 0.002 from
+    # where a censored likelihood's gradient overflows needed 1e-4 of the spread)
+    narrowing = NARROWING**2
     steps = (step.langevin_step, step.deep_step)
     inits = (step.init_langevin, step.init_deep)
     start_points = "particles"
@@ -315,20 +321,21 @@ class Ensemble(FlowInference):
             own.start_q = q
             if q is not None and config.init == "gaussian":
                 approx = EnsembleApproximation(self, self._overdispersed(q))
+                own.centre = q.mean
                 approx.preconditioner(start_preconditioner(q, config.n_particles))
                 own.start_preconditioner = True
                 own.init_used = "gaussian"
                 return Initialised(approx, own=own)
             own.init_used = "initial_point"
-        q, spread, centre = own.start_q, None, None
+        q, spread = own.start_q, None
+        own.centre = initial_centre(target, self._start, own.init_used, self._init_rng)
         if q is not None and own.start_fit.get("converged"):
-            centre = initial_centre(target, self._start, own.init_used, self._init_rng)
             # reported, and named in the remedy of a fit that did not converge: from beyond
             # far_start the chains can spend any number of steps crossing a region where
             # q's metric is not the posterior's. They still start here, not at q's draws:
             # started there, the ensembles tutorial's chains all stayed in q's mode and
             # passed R-hat, one of two mirror modes of equal mass missed
-            own.start_fit["initial_point_distance"] = float(q.distance(centre)[0])
+            own.start_fit["initial_point_distance"] = float(q.distance(own.centre)[0])
             # around the initial point at q's scales and orientation, not the model's: a
             # slope on predictors in the thousands has a posterior sd of 5e-5, and unit
             # noise there put the chains 10^4 sds out, on a flat ridge of an improper
@@ -336,9 +343,17 @@ class Ensemble(FlowInference):
             spread = lambda n, rng: q.sample(n, rng) - q.mean  # noqa: E731
         particles = initial_cloud(
             target, self._start, self._init_rng, n_particles=config.n_particles,
-            init_scale=config.init_scale, init=own.init_used, spread=spread, centre=centre,
+            init_scale=config.init_scale, init=own.init_used, spread=spread, centre=own.centre,
         )  # fmt: skip
         return Initialised(EnsembleApproximation(self, particles), own=own)
+
+    def _narrow_start(self, factor: float) -> bool:
+        # around the initial point at a Gaussian fit's scales (init="auto") the chains may
+        # start where the log-density underflows: a censored Weibull likelihood 25 of that
+        # fit's sds from its mean was -inf at 2 of 20 particles. Towards the point they
+        # spread around, where log p is finite (check_start), not their mean
+        self.approx.narrow(factor, self.own.centre)
+        return True
 
     def _remedy(self, reason: str) -> str:
         below = self._below_the_posterior() if reason == "max_steps" else None

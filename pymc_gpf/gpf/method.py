@@ -274,10 +274,7 @@ class GPF(FlowInference):
     def _narrow_start(self, factor: float) -> bool:
         if self.initial_particles is not None:  # the user's points: theirs to move
             return False
-        particles = self.approx.shared_particles.get_value()
-        centre = particles.mean(axis=0)
-        narrowed = centre + np.asarray(factor, dtype=particles.dtype) * (particles - centre)
-        self.approx.shared_particles.set_value(narrowed)
+        self.approx.narrow(factor)
         return True
 
     def _fitted_settings(self) -> dict:
