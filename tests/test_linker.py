@@ -81,3 +81,24 @@ def test_an_automatic_fit_of_much_data_compiles_with_pymc_s_default():
         assert parse_fit_options(target, "sgd").compile_backend == expected
         assert parse_fit_options(target, "sgd", backend="c").compile_backend == "c"
         assert parse_fit_options(target, "sgd", learning_rate=0.1).compile_backend is None
+
+
+def test_a_numpy_kernel_s_outputs_own_their_memory():
+    """A fused kernel run in NumPy hands over the arrays it computed without a copy, but
+    never an input, nor one array as two outputs: PyTensor's outputs may be overwritten in
+    place by later nodes."""
+    from pymc_gpf.linker import _vectorised_perform
+
+    x = ps.float64("x")
+    twice = x * 2.0
+    composite = ps.Composite([x], [ps.identity(x), twice, twice, twice + 1.0])
+    node = Elemwise(composite).make_node(pt.vector("v"))
+    values = np.arange(3.0)
+    storage = [[None] for _ in node.outputs]
+    _vectorised_perform(composite)(node, [values], storage)
+    same, first, second, third = (s[0] for s in storage)
+    np.testing.assert_array_equal(same, values)
+    np.testing.assert_array_equal(first, 2 * values)
+    np.testing.assert_array_equal(second, 2 * values)
+    np.testing.assert_array_equal(third, 2 * values + 1)
+    assert not np.shares_memory(same, values) and not np.shares_memory(first, second)
