@@ -102,26 +102,23 @@ def particle_direction(
     logp: Variable,
     logq: Variable,
     accepted: Variable,
-    extra: tuple[Variable, Variable] | None = None,
+    pooled: tuple[Variable, Variable] | None = None,
 ) -> Variable:
     """The gradient ``sum_m alpha_m grad_z c(z_j, x_jm) / sum_m alpha_m`` of eq. 20,
     ``alpha_m = p(x_jm, y) / q_j(x_jm)`` over the accepted draws: ``2 (z_j - centroid_j)``,
     the centroid being the importance-sampled posterior mean of the cell (Theorem 3).
 
-    ``extra``: more draws of the local Gaussians ``(J, K, D)`` and which of them their cells
-    accept, with no log-density, as a control variate. The centroid is q~_j's mean plus the
-    importance weights' correction to it, ``sum_m alpha_m x_m / sum_m alpha_m - mean_m x_m``;
-    that mean, whose Monte Carlo noise the correction does not need, is taken over all
-    ``M + K`` accepted draws. Where q~_j is the cell's posterior the correction vanishes
-    and the centroid's noise falls by ``M / (M + K)`` in variance."""
+    ``pooled``: every draw of the local Gaussians this step ``(J, M + K, D)``, the ``M``
+    above first and ``K`` more with no log-density, and which of them their cells accept, as
+    a control variate. The centroid is q~_j's mean plus the importance weights' correction
+    to it, ``sum_m alpha_m x_m / sum_m alpha_m - mean_m x_m``; that mean, whose Monte Carlo
+    noise the correction does not need, is taken over all ``M + K`` accepted draws. Where
+    q~_j is the cell's posterior the correction vanishes and the centroid's noise falls by
+    ``M / (M + K)`` in variance."""
     w = _softmax_rows(_masked_log_weights(logp, logq, accepted))
     centroid = pt.sum(w[:, :, None] * draws, axis=1)
-    if extra is not None:
-        more, more_accepted = extra
-        pooled = _accepted_mean(
-            pt.concatenate([draws, more], axis=1), pt.concatenate([accepted, more_accepted], 1)
-        )
-        centroid = centroid - _accepted_mean(draws, accepted) + pooled
+    if pooled is not None:
+        centroid = centroid - _accepted_mean(draws, accepted) + _accepted_mean(*pooled)
     has = pt.any(accepted, axis=1)[:, None]
     return pt.switch(has, 2.0 * (particles - centroid), 0.0)
 

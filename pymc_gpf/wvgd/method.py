@@ -223,7 +223,7 @@ def control_draws(j: int, d: int, m: int) -> int:
     evaluated, within ``CONTROL_NUMBERS`` normals per cell (on two posteriordb posteriors,
     D = 10 and 3, a step took 4-15 % longer, and fits 20 % fewer steps on eight posteriors;
     the same for every number ``j > 1`` of cells, so one compiled step serves them all).
-    None (0) with one cell, whose particle does not shape q."""
+    No draws with one cell, whose particle does not shape q."""
     return 0 if j < 2 else int(min(CONTROL_FACTOR * m, CONTROL_NUMBERS // d))
 
 

@@ -143,7 +143,7 @@ def evaluate(
     every = flow.local_draws(means, log_scales, noise)
     every_accepted = flow.accepted_draws(every, particles)
     draws, accepted, noise = every[:, :m], every_accepted[:, :m], noise[:, :m]
-    extra = (every[:, m:], every_accepted[:, m:]) if every.type.shape[1] != m else None
+    pooled = (every, every_accepted) if every.type.shape[1] != m else None
     points = draws.reshape((j * m, d))
     seen = whitened(target, state)
     logp, grad_logp, _ = seen.logp_and_grads(points)
@@ -168,7 +168,7 @@ def evaluate(
     # centroid then weights the cell's accepted draws equally (q~_j's own mean, the
     # "biased" centroid of the authors' code), which the local fit keeps consistent
     centroid_logp = logq if target.minibatch else logp
-    d_particles = flow.particle_direction(particles, draws, centroid_logp, logq, accepted, extra)
+    d_particles = flow.particle_direction(particles, draws, centroid_logp, logq, accepted, pooled)
     # with no accepted draw in any cell the bound is stale and nothing can move
     # (e.g. local Gaussians thrown far off by a too-large step)
     free_energy = pt.switch(pt.any(has), -flow.mixture_elbo(elbos, weights), np.nan)

@@ -100,8 +100,9 @@ def test_the_centroid_s_control_variate_is_the_pooled_mean_where_q_is_the_poster
     z, x, xk = pt.matrix("z"), pt.tensor3("x"), pt.tensor3("xk")
     lp, lq = pt.matrix("lp"), pt.matrix("lq")
     a, ak = pt.matrix("a", dtype="bool"), pt.matrix("ak", dtype="bool")
+    every = (pt.concatenate([x, xk], axis=1), pt.concatenate([a, ak], axis=1))
     fn = pytensor.function(
-        [z, x, lp, lq, a, xk, ak], flow.particle_direction(z, x, lp, lq, a, (xk, ak))
+        [z, x, lp, lq, a, xk, ak], flow.particle_direction(z, x, lp, lq, a, every)
     )
     plain = pytensor.function([z, x, lp, lq, a], flow.particle_direction(z, x, lp, lq, a))
     pooled = np.stack([
