@@ -124,7 +124,11 @@ def particle_direction(
 
 
 def local_gradients(
-    grad_logp: Variable, noise: Variable, log_scales: Variable, accepted: Variable
+    grad_logp: Variable,
+    noise: Variable,
+    log_scales: Variable,
+    accepted: Variable,
+    pooled: tuple[Variable, Variable] | None = None,
 ) -> tuple[Variable, Variable]:
     """Gradients of ``KL(q~_j || p_j)`` w.r.t. ``m_j`` and ``log s_j`` (eq. 24-26).
 
@@ -134,16 +138,27 @@ def local_gradients(
     ``E_q~[score] ~ -(1/A_j) sum_rejected score``: it is exactly zero when nothing is
     rejected, so one particle is exactly mean-field Gaussian VI. The scores are
     ``eps / s`` (mean) and ``eps^2 - 1`` (log-scale).
+
+    ``pooled``: the noise of every draw this step ``(J, M + K, D)`` and which of them their
+    cells accept. The correction needs no log-density, so it is estimated from all of them:
+    from the ``M`` alone, a local Gaussian much wider than its cell (few accepted draws) got
+    a correction whose noise outgrew its pull back to the cell's width, and its scale drifted
+    up without bound (three particles on N(0, 1): the middle cell's sd 1 -> 480).
     """
     acc = pt.cast(accepted, grad_logp.dtype)[:, :, None]
-    rej = 1.0 - acc
     count = pt.maximum(pt.sum(acc, axis=1), 1.0)  # (J, 1)
     scale = pt.exp(log_scales)
-    d_mean = (-pt.sum(acc * grad_logp, axis=1) + pt.sum(rej * noise, axis=1) / scale) / count
+    every, every_accepted = (noise, accepted) if pooled is None else pooled
+    rej = 1.0 - pt.cast(every_accepted, grad_logp.dtype)[:, :, None]
+    every_count = pt.maximum(pt.sum(1.0 - rej, axis=1), 1.0)
+    d_mean = -pt.sum(acc * grad_logp, axis=1) / count + pt.sum(rej * every, axis=1) / (
+        scale * every_count
+    )
     d_log_scale = (
-        -pt.sum(acc * grad_logp * noise, axis=1) * scale
-        + pt.sum(rej * (pt.square(noise) - 1.0), axis=1)
-    ) / count - 1.0
+        -pt.sum(acc * grad_logp * noise, axis=1) * scale / count
+        + pt.sum(rej * (pt.square(every) - 1.0), axis=1) / every_count
+        - 1.0
+    )
     has = pt.any(accepted, axis=1)[:, None]
     return pt.switch(has, d_mean, 0.0), pt.switch(has, d_log_scale, 0.0)
 

@@ -142,6 +142,7 @@ def evaluate(
     j, d = particles.shape[0], target.ndim
     every = flow.local_draws(means, log_scales, noise)
     every_accepted = flow.accepted_draws(every, particles)
+    every_noise = noise
     draws, accepted, noise = every[:, :m], every_accepted[:, :m], noise[:, :m]
     pooled = (every, every_accepted) if every.type.shape[1] != m else None
     points = draws.reshape((j * m, d))
@@ -163,7 +164,10 @@ def evaluate(
         step_count=decay * state.step_count + 1.0,
         cell_elbos=elbos,
     )
-    d_means, d_log_scales = flow.local_gradients(grad_logp, noise, log_scales, accepted)
+    pooled_noise = None if pooled is None else (every_noise, every_accepted)
+    d_means, d_log_scales = flow.local_gradients(
+        grad_logp, noise, log_scales, accepted, pooled_noise
+    )
     # with pm.Minibatch data log p is a noisy estimate, and exp of it a biased one: the
     # centroid then weights the cell's accepted draws equally (q~_j's own mean, the
     # "biased" centroid of the authors' code), which the local fit keeps consistent
