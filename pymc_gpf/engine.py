@@ -72,8 +72,9 @@ HYPER_STREAM = 6  # the hyperparameters' draws of q, per step
 # 7 and 9: GPF's own (pymc_gpf.gpf.method.FRESH_STREAM, VIEW_STREAM)
 WHITEN_STREAM = 8  # WVGD's Gaussian fit whose coordinates it runs in
 # a first step whose points reach where log p is not finite, around a finite centre, is
-# retried from a start this many times narrower, at most MAX_NARROWINGS times
-NARROWING, MAX_NARROWINGS = 0.1, 3
+# retried from a start this many times narrower (or otherwise changed: _retry_start), at most
+# MAX_START_RETRIES times
+NARROWING, MAX_START_RETRIES = 0.1, 3
 # minibatch control variates: a new anchor once q's centre moved this many of its sds from it,
 # if the steps since the last evaluated this many times what a new one costs (a quarter more)
 ANCHOR_DRIFT, ANCHOR_SHARE = 2.0, 4
@@ -265,6 +266,24 @@ class FlowInference(Inference):
 
     def _before_first_fit(self, options: FitOptions) -> None:
         """The first ``fit`` is about to start (not a continued or loaded one)."""
+
+    def _retry_start(self, attempt: int) -> tuple[str, str] | None:
+        """The automatic fit's first step failed (``attempt`` earlier retries): change the
+        start and say how, as ``(kind, note)`` for the outcome's message, or ``None`` if
+        there is nothing left to try. Here: narrow the initial spread by :attr:`narrowing`
+        (:meth:`_narrow_start`). A centre where log p is finite
+        (:func:`pymc_gpf.start.check_start`) with initial points around it where it is not
+        (e.g. a censored likelihood underflowing far from the data): the automatic default
+        starts closer to the centre rather than fail."""
+        if not self._narrow_start(self.narrowing):
+            return None
+        option = self.spread_option
+        narrower = getattr(self.options_in_effect, option) * self.narrowing
+        self.adjusted[option] = narrower
+        return "narrowed", (
+            f"the initial {self.start_points} reached where the log-density is not "
+            f"finite, so the fit started from a narrower q ({option} {narrower:.3g})"
+        )
 
     def _narrow_start(self, factor: float) -> bool:
         """Shrink the initial spread around its centre by ``factor`` (the first step found
@@ -688,7 +707,8 @@ class FlowInference(Inference):
                 self.control.progress(self.control_state),
             )  # fmt: skip
 
-        for narrowed in range(MAX_NARROWINGS + 1):
+        notes: dict[str, str] = {}
+        for attempt in range(MAX_START_RETRIES + 1):
             result = run_steps(
                 self.state.step,
                 n,
@@ -704,20 +724,13 @@ class FlowInference(Inference):
                 stops_itself=self.fit_options.tol is not None,
             )
             first_step_failed = result.failure == 0 and start == 0 and self.fit_options.auto
-            if not first_step_failed or narrowed == MAX_NARROWINGS:
+            if not first_step_failed or attempt == MAX_START_RETRIES:
                 break
-            if not self._narrow_start(self.narrowing):
+            retried = self._retry_start(attempt)
+            if retried is None:
                 break
-            option = self.spread_option
-            narrower = getattr(self.options_in_effect, option) * self.narrowing
-            self.adjusted[option] = narrower
-            # a centre where log p is finite (check_start) with initial points around it
-            # where it is not (e.g. a censored likelihood underflowing far from the data):
-            # the automatic default starts closer to the centre rather than fail
-            self._start_note = (
-                f"the initial {self.start_points} reached where the log-density is not "
-                f"finite, so the fit started from a narrower q ({option} {narrower:.3g})"
-            )
+            notes[retried[0]] = retried[1]  # the last change of each kind
+            self._start_note = "; ".join(notes.values())
         if result.failure is not None:
             failed = FailedStep(
                 self.name, result.failure, self.state.step.diagnose(self.target),

@@ -14,7 +14,7 @@ from pymc_gpf.errors import InitialPointError
 from pymc_gpf.options import INITS
 from pymc_gpf.target import BatchedTarget
 
-__all__ = ["check_start", "find_map", "initial_centre", "initial_cloud"]
+__all__ = ["check_start", "find_map", "initial_centre", "initial_cloud", "nonfinite_gradient"]
 
 
 def check_start(target: BatchedTarget, centre: np.ndarray) -> None:
@@ -47,6 +47,17 @@ def initial_centre(
     if init == "map":
         centre = find_map(target, centre, start, int(rng.integers(2**30)))
     return centre
+
+
+def nonfinite_gradient(target: BatchedTarget, point: np.ndarray) -> list[str]:
+    """The free variables whose log-density gradient is not finite at ``point`` (flat,
+    unconstrained), from a function compiled without C code (a few calls, on an error path)."""
+    with np.errstate(all="ignore"):
+        try:
+            grad = target.quick_gradient()(np.asarray(point, dtype=target.dtype)[None, :])[0]
+        except ArithmeticError:  # an Op that raises where C and NumPy give inf or nan
+            return [c.rv_name for c in target.coordinates]
+    return target.variables_at(~np.isfinite(grad))
 
 
 def find_map(target: BatchedTarget, centre: np.ndarray, start: dict | None, seed: int):

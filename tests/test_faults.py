@@ -311,6 +311,33 @@ def test_divergence_into_zero_density_rolls_back_and_can_continue():
     np.testing.assert_allclose(approx.particles.mean(0), 0.0, atol=1e-10)
 
 
+def test_a_start_where_only_the_gradient_is_not_finite_is_jittered():
+    """``phi ** k`` for k = 0, 1, 2 has the gradient ``k phi^(k - 1)``, ``0 * inf`` at
+    ``phi = 0``: the initial point of ``Uniform(-1, 1)``, where GF's every step evaluates
+    (the centre of its spherical-radial rules). GF raised InitialPointError there (and WVGD,
+    which starts with it), though log p is finite and the singularity has measure zero;
+    PyMC's samplers jitter their start. The fit now starts from the initial point moved by
+    a small jitter, says so, and reaches the posterior (mean and sd of ``phi`` from
+    quadrature of the exact log-density)."""
+    rng = np.random.default_rng(14)
+    y = rng.normal(1.0 + 0.3 + 0.3**2, 1.0, 200)
+    with pm.Model() as model:
+        phi = pm.Uniform("phi", -1, 1)
+        pm.Normal("y", (phi ** pt.arange(3)).sum(), 1.0, observed=y)
+    grid = np.linspace(-0.999, 0.999, 20001)
+    log_post = -0.5 * ((y[None, :] - (1 + grid + grid**2)[:, None]) ** 2).sum(axis=1)
+    weights = np.exp(log_post - log_post.max())
+    weights /= weights.sum()
+    mean = weights @ grid
+    sd = np.sqrt(weights @ (grid - mean) ** 2)
+    approx = pm.fit(method="gf", model=model, random_seed=1, progressbar=False)
+    assert approx.outcome.converged
+    assert "not finite for ['phi'] at the initial point" in approx.outcome.message
+    draws = approx.sample(10_000, random_seed=1).posterior["phi"].values.ravel()
+    assert abs(draws.mean() - mean) < 0.1 * sd
+    assert draws.std() == pytest.approx(sd, rel=0.1)
+
+
 @pytest.mark.parametrize("method", ["gpf", "gf", "ensemble"])
 def test_a_start_whose_points_reach_an_underflowing_likelihood_is_narrowed(method):
     """PyMC's censored Weibull log-likelihood is -inf where (c / beta)^k passes ~745 (its

@@ -32,11 +32,15 @@ from pymc_gpf.gf.parameters import (
 )
 from pymc_gpf.options import AUTO, FitOptions, resolve_natural_mean
 from pymc_gpf.protocols import Initialised
-from pymc_gpf.start import initial_centre
+from pymc_gpf.start import initial_centre, nonfinite_gradient
 from pymc_gpf.stepgraph import StepGraph, share, share_init, standard_normal, values
 from pymc_gpf.structure import Structure, find_locals, parse_structure
 
 __all__ = ["GF", "GFApproximation", "arrow_points", "fit_inside", "model_locals"]
+
+# a start whose gradient is not finite at the initial mean moves by a uniform jitter of this
+# fraction of the initial spread (GF._retry_start)
+START_JITTER = 1e-3
 
 
 class GFApproximation(GaussianApproximation):
@@ -299,6 +303,25 @@ class GF(FlowInference):
 
     def _find_locals(self, centre: np.ndarray) -> Structure | None:
         return model_locals(self.target, centre)
+
+    def _retry_start(self, attempt: int) -> tuple[str, str] | None:
+        """Every step evaluates q's mean (the centre of its spherical-radial rules): where
+        the gradient is not finite at the initial mean itself (a singularity of measure zero,
+        e.g. ``phi ** k`` at ``phi = 0``, the initial point of ``Uniform(-1, 1)``), the mean
+        moves by a uniform jitter of :data:`START_JITTER` of the initial spread (ten times
+        more at each retry), as PyMC's samplers jitter their start; else the spread narrows."""
+        mean = self.approx.shared_mean
+        bad = nonfinite_gradient(self.target, mean.get_value())
+        if not bad:
+            return super()._retry_start(attempt)
+        size = START_JITTER * 10**attempt * self.options_in_effect.init_scale
+        jitter = self._init_rng.uniform(-size, size, size=mean.get_value().shape)
+        mean.set_value((mean.get_value() + jitter).astype(mean.dtype))
+        return "jittered", (
+            f"the gradient of the log-density was not finite for {bad} at the initial point, "
+            f"which every step of GF evaluates, so the fit started from it moved by up to "
+            f"{size:.2g} in each coordinate"
+        )
 
     def _narrow_start(self, factor: float) -> bool:
         for f in self.approx.shared_factors:
