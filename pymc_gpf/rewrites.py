@@ -3,7 +3,7 @@
 * A batched rule for ``LogSumExp``, which PyMC's simplex transform (every Dirichlet) uses;
   without it ``vectorize_graph`` wraps it in a ``Blockwise`` loop (one core call per
   particle). It mirrors PyTensor's own rule for ``Softmax``: reduced axes shift past the new
-  batch axes.
+  batch axes. Likewise for ``ViewOp``, the identity.
 * ``switch(c, f(a), f(b)) -> f(switch(c, a, b))`` for a unary elementwise ``f``. PyMC's
   Bernoulli/Binomial logit log-densities become ``switch(y, -softplus(-x), -softplus(x))``,
   which evaluates both transcendental branches for every observation and particle; lifted,
@@ -24,6 +24,7 @@ import numpy as np
 import pytensor.tensor as pt
 
 from pytensor.compile.mode import Mode, get_mode
+from pytensor.compile.ops import ViewOp
 from pytensor.graph.basic import Variable
 from pytensor.graph.replace import _vectorize_node, vectorize_graph
 from pytensor.graph.rewriting.basic import in2out, node_rewriter
@@ -57,6 +58,13 @@ def _vectorize_logsumexp(op: LogSumExp, node, batched_x):
         return [op(batched_x)]
     axis = get_normalized_batch_axes(op.axis, core_ndim, batch_ndim)
     return [type(op)(axis=axis)(batched_x)]
+
+
+@_vectorize_node.register(ViewOp)
+def _vectorize_view(op: ViewOp, node, batched_x):
+    """The identity is batched as it is (PyTensor wraps it in a ``Blockwise`` loop: a
+    deterministic that is a free variable's own value, mapped for every draw)."""
+    return op.make_node(batched_x)
 
 
 @_vectorize_node.register(AllocDiag)

@@ -100,7 +100,8 @@ def test_common_model_ops_compile_to_batched_ops_without_a_warning():
     covariance's ``AllocDiag``, imputed observations: one model with all of them compiles with
     no per-particle loop left (a gufunc kernel such as the Cholesky is batched itself), no
     warning, and PyMC's values and gradients at every particle; so do its draws' constrained
-    values, where the imputed values are written back through a boolean mask."""
+    values, where the imputed values are written back through a boolean mask and a
+    deterministic another one uses is output through a ``ViewOp``."""
     rng = np.random.default_rng(2)
     imputed = rng.normal(size=(10, 3))
     imputed[[2, 5], [1, 0]] = np.nan
@@ -117,6 +118,9 @@ def test_common_model_ops_compile_to_batched_ops_without_a_warning():
         scale = pm.HalfNormal("scale")
         pm.MvNormal("v", 0.0, cov=pt.diag(pt.ones(3) * scale**2), observed=rng.normal(size=3))
         pm.Normal("x", pm.Normal("m", shape=3), 1.0, observed=imputed)
+        # a deterministic used by another: its value is output through a ViewOp
+        shifted = pm.Deterministic("shifted", 2 * scale - 1)
+        pm.Deterministic("powers", shifted ** pt.arange(3))
     target = BatchedTarget(model)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -127,10 +131,14 @@ def test_common_model_ops_compile_to_batched_ops_without_a_warning():
     # the draws' constrained values: the imputed observations are written through a mask
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        values = target.compile_constrained()(points)
+        # in C: numba's rewrites remove the ViewOp's loop themselves
+        values = target.compile_constrained(backend="c")(points)
     expected = np.repeat(imputed[None], len(points), axis=0)
     expected[:, np.isnan(imputed)] = values["x_unobserved"]
     np.testing.assert_array_equal(values["x"], expected)
+    shifted = 2 * values["scale"] - 1
+    np.testing.assert_allclose(values["shifted"], shifted, rtol=1e-15)
+    np.testing.assert_allclose(values["powers"], shifted[:, None] ** np.arange(3), rtol=1e-14)
 
 
 def test_a_loop_over_time_is_one_scan_over_the_batch():
