@@ -832,7 +832,7 @@ class FlowInference(Inference):
             "seconds": round(verdict.seconds, 4),
         }
         self.record.judged(verdict.word, verdict.message, checks)
-        if verdict.trustworthy or reason in ("callback", "interrupted"):
+        if verdict.trustworthy:
             return
         # stacklevel: here, _run, fit (or refine), pm.fit's wrapper, the user's code
         warnings.warn(fit_warning(self.name, self.outcome, verdict), FitWarning, stacklevel=5)

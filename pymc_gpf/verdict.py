@@ -80,6 +80,11 @@ UNCONVERGED_REMEDIES = {
         "not finite everywhere), reparameterise, or use NUTS (pm.sample)"
     ),
     "floor": "Refine with a larger tol, or use method='gpf' (deterministic) on full data",
+    "callback": (
+        "The automatic fit stops by itself once it has converged, so it needs no stopping "
+        "callback (PyMC's CheckParametersConvergence watches ADVI's parameters, not this "
+        "convergence test); approx.refine(n) continues it"
+    ),
 }
 CHUNK = 4096  # draws mapped to the constrained space at once
 CACHE = 2**23  # constrained columns kept between batches up to this many numbers

@@ -212,14 +212,21 @@ def test_callbacks_tracker_convergence_stop_and_interrupt(regression_model):
         if i == 9:
             raise KeyboardInterrupt
 
-    for callback, expected in ((stop_at_17, 17), (interrupt_at_9, 9)):
-        approx = pm.fit(
-            100,
-            method="gpf",
-            model=regression_model,
-            callbacks=[callback],
-            progressbar=False,
-        )
+    # an automatic fit stopped before its convergence test passed is not converged, and
+    # says so like any other such ending (a stopping callback was silent before)
+    for callback, expected, why in (
+        (stop_at_17, 17, "stopped by a callback. The automatic fit stops by itself"),
+        (interrupt_at_9, 9, r"interrupted \(KeyboardInterrupt\)"),
+    ):
+        with pytest.warns(pymc_gpf.FitWarning, match=f"GPF did not converge: {why}"):
+            approx = pm.fit(
+                100,
+                method="gpf",
+                model=regression_model,
+                callbacks=[callback],
+                progressbar=False,
+            )
+        assert approx.outcome.verdict == "not converged"
         assert len(approx.hist) == expected and np.isfinite(approx.hist).all()
         assert approx.sample(5, random_seed=1)["posterior"].sizes["draw"] == 5
 
