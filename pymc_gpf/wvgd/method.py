@@ -486,7 +486,9 @@ class WVGD(FlowInference):
         gradient evaluations and were less accurate on five), one cell holds its q and the
         fit ends there; else the cells continue from it, in its coordinates, for the steps left.
         A Gaussian fit cut short (the step cap, a callback, an interrupt) shows its q so far
-        as one cell, and ``refine`` continues it (saved as the fit's continuation)."""
+        as one cell; ``refine`` continues the Gaussian fit (saved as the fit's continuation),
+        converged or not, so a converged one cell stays converged (WVGD's own steps from it
+        restarted the step-size schedule: 100 more steps ended at the step cap)."""
         gf = self.own.gf
         if gf is None and not self.own.whitening_pending:
             return None
@@ -521,7 +523,6 @@ class WVGD(FlowInference):
         if unfinished:
             message = f"{outcome.message} (WVGD's Gaussian fit; one cell shows its q so far)"
         else:
-            self.own.gf = None
             message = (
                 "converged: the Gaussian fit WVGD runs in converged and was trustworthy, with "
                 "no other mode found, so one cell holds its q (n_particles='auto'; "

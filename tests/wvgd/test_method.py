@@ -466,7 +466,7 @@ def test_whitened_coordinates_fit_a_correlated_badly_scaled_gaussian_at_defaults
 def test_a_gaussian_stage_cut_short_continues_exactly(unscaled_gaussian):
     """At its defaults WVGD starts with its Gaussian fit; a step cap inside it leaves one
     cell showing that fit's q so far, and refine continues that fit: the same trace and
-    q as a fit that ran to its end in one call."""
+    q as a fit that ran to its end in one call; refined again once converged, it stays so."""
     model = unscaled_gaussian[0]
     seen = []  # the callbacks see every step of the Gaussian fit, as this fit's, with its cost
 
@@ -487,9 +487,14 @@ def test_a_gaussian_stage_cut_short_continues_exactly(unscaled_gaussian):
     assert "one cell shows its q so far" in part.outcome.message
     assert part.inference.continuation is not None
     part.refine(10_000 - 10)
-    assert part.outcome.converged and part.inference.continuation is None
+    assert part.outcome.converged and part.inference.continuation is not None
     # the continued Gaussian fit's verdict is the one cell's (not the capped fit's)
     assert part.inference.gaussian_verdict == "trustworthy" == part.outcome.verdict
     np.testing.assert_array_equal(part.hist, whole.hist)
     for a, b in zip(part.params, whole.params, strict=True):
         np.testing.assert_array_equal(a.get_value(), b.get_value())
+    # refining the converged fit continues its Gaussian fit, which stays converged (WVGD's
+    # own steps from the one cell restarted the step-size schedule: 100 of them hit the cap)
+    part.refine(100)
+    assert part.outcome.converged and len(part.particles) == 1
+    assert len(whole.hist) < len(part.hist) < len(whole.hist) + 100
