@@ -47,7 +47,8 @@ PSIS_POOL, POOL_PER_DRAW = 16384, 4
 # this step in q's sds (float64, float32)
 MODE_STARTS, MODE_ITERATIONS, MODE_SEARCH_DIMENSIONS = 8, 100, 1000
 # where the prior has no draw (Flat, or one a transform cannot map) a start is q's mean plus
-# this many of q's sds times a standard normal
+# this many of q's sds times a standard normal (or, every other one, around the model's
+# initial point: GaussianApproximation._undrawn_starts)
 MODE_SPREAD = 10.0
 HESSIAN_STEP = (1e-4, 1e-2)
 # the least share of the mass a mode needs for WVGD to start a cell on it (one on a mode
@@ -418,9 +419,7 @@ class GaussianApproximation(FlowApproximation):
             q = q.with_ridge(q.smallest_variance())
         try:
             starts, drawn = self.target.prior_draws(rng.integers(2**63, size=MODE_STARTS))
-            spread = MODE_SPREAD * np.sqrt(q.marginal_variances())
-            wide = q.mean + spread * rng.standard_normal(starts.shape)
-            starts = np.where(drawn, starts, wide).astype(float)
+            starts = np.where(drawn, starts, self._undrawn_starts(q, starts.shape, drawn, rng))
             with np.errstate(all="ignore"):
                 search = search_modes(
                     self.full_log_densities_and_gradients, self.log_density, starts,
@@ -434,6 +433,26 @@ class GaussianApproximation(FlowApproximation):
         order = np.argsort(-search.shares)  # the heaviest first
         self.other_modes = search.modes[order][search.shares[order] >= CELL_SHARE]
         return modes_verdict(verdict, search, self.target.labels, time.perf_counter() - start)
+
+    def _undrawn_starts(self, q, shape: tuple[int, int], drawn, rng) -> np.ndarray:
+        """Starts of the mode search where the prior has no draw (``Flat``, a ``CustomDist``
+        with only a log-density, one a transform cannot map): q's mean plus
+        :data:`MODE_SPREAD` of q's sds times a standard normal; and, where some coordinate has
+        none, every other start instead around the model's initial point, as far out again
+        as q is from it (at least that spread), in antithetic pairs. From q alone no start
+        left q's basin: a ``Flat`` x with ``y ~ N(x^2, 1)`` fitted at x = -2 passed as
+        trustworthy, the mode at +2 (half the mass) never seen."""
+        spread = MODE_SPREAD * np.sqrt(q.marginal_variances())
+        starts = q.mean + spread * rng.standard_normal(shape)
+        if np.all(drawn):
+            return starts
+        origin = self.target.start_vector()
+        reach = np.maximum(2.0 * np.abs(q.mean - origin), spread)
+        z = rng.standard_normal(((shape[0] + 2) // 4, shape[1]))
+        # in antithetic pairs (+-z): a start on either side of the initial point
+        distant = origin + reach * np.stack([z, -z], axis=1).reshape(-1, shape[1])
+        starts[1::2] = distant[: len(starts[1::2])]
+        return starts
 
     def proposal(self, ridge, rng):
         q = self.gaussian()

@@ -572,7 +572,8 @@ def modes_verdict(verdict: Verdict, search, labels: list[str], seconds: float) -
     found = "another" if count == 1 else f"{count} more, the heaviest"
     cause = (
         f"the posterior has {count + 1} modes and q covers one: L-BFGS from {search.starts} "
-        f"draws of the prior found {found} {search.distances[largest]:.0f} of q's sds away "
+        f"dispersed starts (draws of the prior where it has them) found {found} "
+        f"{search.distances[largest]:.0f} of q's sds away "
         f"(in {where}) holding {search.shares[largest]:.0%} of the mass (importance sampling "
         f"from Laplace's approximation at each mode); with {'it' if count == 1 else 'them'} "
         f"q's mean of {labels[mean_at]} is {search.mean_errors[mean_at]:.2g} posterior sd "

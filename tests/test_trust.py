@@ -171,6 +171,31 @@ def test_a_mode_q_does_not_cover_is_found_and_makes_the_fit_family_limited(sign_
     assert not approx.psis_by_default
 
 
+@pytest.mark.parametrize("prior", ["flat", "density only"])
+def test_a_mode_is_found_where_the_prior_has_no_draws(prior):
+    """The sign posterior with a prior the search cannot draw from (``Flat``, a
+    ``CustomDist`` with only a log-density): its starts were q's mean plus 10 of q's sds,
+    none of which left q's basin, and GF passed one mode as trustworthy, silently. Every
+    other start is now around the model's initial point (x = 0), as far out again as q is
+    from it, in +- pairs: the mirror mode is found with half the mass."""
+    y = np.random.default_rng(11).normal(4.0, 1.0, 20)
+
+    def normal_density(value):
+        return pm.logp(pm.Normal.dist(0.0, 3.0), value)
+
+    with pm.Model() as model:
+        if prior == "flat":
+            x = pm.Flat("x")
+        else:
+            x = pm.CustomDist("x", logp=normal_density)
+        pm.Normal("y", x**2, 1.0, observed=y)
+    with pytest.warns(pymc_gpf.FitWarning, match="2 modes and q covers one"):
+        approx = pm.fit(method="gf", model=model, random_seed=1, progressbar=False)
+    checks = approx.outcome.checks
+    assert approx.outcome.verdict == FAMILY_LIMITED and checks["other_modes"] == 1
+    assert checks["other_mode_share"] == pytest.approx(0.5, abs=0.01)
+
+
 def test_wvgd_starts_a_cell_on_the_mode_its_gaussian_fit_missed(sign_model):
     """WVGD runs in a GF fit's coordinates; GF's verdict found the mirror mode, so one of
     the particles starts there instead of around GF's mode, and the cells' weights give each
