@@ -126,10 +126,12 @@ class FlowApproximation:
 
     def _in_chunks(self, fn, points: np.ndarray) -> list:
         """``fn`` of the checked ``points``, one call per chunk of :data:`LOGP_TERMS` data
-        terms, on the fit's BLAS threads (also outside a fit: diagnose, PSIS draws)."""
+        terms, on the fit's BLAS threads (also outside a fit: diagnose, PSIS draws), with
+        the data the fit was made on (``pm.set_data`` since, for predictions, would judge
+        and reweight q against data it never saw)."""
         points = self._check_points(points)
         size = int(np.clip(LOGP_TERMS // self.target.data_size, MIN_CHUNK, MAX_CHUNK))
-        with self.inference.blas_threads():
+        with self.inference.blas_threads(), self.target.with_data(self.inference.fitted_data):
             return [fn(points[i : i + size]) for i in range(0, len(points), size)]
 
     # ------------------------------------------------------------------ the verdict

@@ -177,6 +177,7 @@ class FlowInference(Inference):
         self._progressbar = True  # as the last fit: refine() follows it
         self._start = start
         self._start_note = ""  # how the start was narrowed, if it was (_narrow_start)
+        self.fitted_data = None  # the data the last run fitted (None: not run, or loaded)
         self._seed(random_seed)
         # options changed after construction, over ``resolved`` (which stays as built): the
         # start narrowed mid-fit, a loaded fit's init (:attr:`options_in_effect`)
@@ -656,6 +657,9 @@ class FlowInference(Inference):
         method may run them elsewhere (:meth:`run_elsewhere`)."""
         self.step_limit = self.state.i + n  # the step count this call may reach
         self._start_sds = self._sds()
+        # the data this run fits: what later checks of q against the model evaluate it on,
+        # whatever pm.set_data put in the model since (PSIS-corrected draws, diagnose)
+        self.fitted_data = self.target.data_values()
         reason = self.run_elsewhere(n, progressbar)
         if reason is not None:
             self._give_verdict(reason)

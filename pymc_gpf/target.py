@@ -12,7 +12,8 @@ from __future__ import annotations
 import copy
 import warnings
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -549,6 +550,29 @@ class BatchedTarget(_FlatLayout):
         """Whether a later fit of the same model may share this target's graphs: not with
         minibatches, whose generators are each fit's own (their states are saved with it)."""
         return not self._rngs
+
+    def data_values(self) -> tuple[np.ndarray, ...]:
+        """The current values of the model's data containers (``pm.Data``), by reference:
+        ``pm.set_data`` replaces them rather than writing into them."""
+        return tuple(v.get_value(borrow=True) for v in self.model.data_vars)
+
+    @contextmanager
+    def with_data(self, values: tuple[np.ndarray, ...] | None) -> Iterator[None]:
+        """The model's data containers hold ``values`` (:meth:`data_values`; ``None``: as
+        they are) inside the block, and what they held before after it."""
+        containers = self.model.data_vars
+        if values is None or len(values) != len(containers):
+            yield
+            return
+        current = self.data_values()
+        changed = [i for i, (a, b) in enumerate(zip(values, current, strict=True)) if a is not b]
+        for i in changed:
+            containers[i].set_value(values[i], borrow=True)
+        try:
+            yield
+        finally:
+            for i in changed:
+                containers[i].set_value(current[i], borrow=True)
 
     def remember(self, key: Hashable, build: Callable[[], Any]) -> Any:
         """``build()``, once per state of the model: kept with this target's graphs and

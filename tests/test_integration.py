@@ -9,6 +9,8 @@ import pymc.variational.inference as pm_inference
 import pytest
 import xarray as xr
 
+from conftest import regression
+
 import pymc_gpf
 
 from pymc_gpf.registry import _original
@@ -76,6 +78,27 @@ def test_inf_kwargs_and_instance_path(regression_model):
     gpf = pymc_gpf.GPF(5, model=regression_model)
     assert isinstance(gpf, pm.variational.Inference)
     assert pm.fit(0, method=gpf, progressbar=False) is gpf.approx
+
+
+def test_checks_of_q_use_the_data_it_was_fitted_to(regression_data):
+    """``pm.set_data`` for predictions must not change what q is judged and reweighted
+    against: diagnose and PSIS-corrected draws evaluated the model's current data (a
+    truncated normal whose y moved by 0.3: WVGD's PSIS mean of mu went from -3.27 to
+    -0.28, with no warning). They evaluate the data of the fit, and leave the model's."""
+    model = regression(*regression_data)
+    approx = pm.fit(method="wvgd", model=model, random_seed=1, progressbar=False)
+
+    def judged():
+        draws = approx.sample(2000, random_seed=2, psis=True).posterior["slope"].values
+        return draws, pymc_gpf.diagnose(approx, random_seed=1).pareto_k
+
+    before = judged()
+    x_new = regression_data[0] + 1.0
+    pm.set_data({"x": x_new}, model=model)
+    after = judged()
+    np.testing.assert_array_equal(after[0], before[0])
+    assert after[1] == before[1]
+    np.testing.assert_array_equal(model["x"].get_value(), x_new)
 
 
 def test_random_seed_is_honoured_on_both_paths(regression_model):
