@@ -521,7 +521,9 @@ class WVGD(FlowInference):
             return None
         self.own.one_cell = not unfinished
         if unfinished:
-            message = f"{outcome.message} (WVGD's Gaussian fit; one cell shows its q so far)"
+            # the Gaussian fit's own words, without its "(n steps this call)": this call adds it
+            own = gf.end_message(outcome.reason)
+            message = f"{own} (WVGD's Gaussian fit; one cell shows its q so far)"
         else:
             message = (
                 "converged: the Gaussian fit WVGD runs in converged and was trustworthy, with "

@@ -485,6 +485,7 @@ def test_a_gaussian_stage_cut_short_continues_exactly(unscaled_gaussian):
         part = pm.fit(10, method="wvgd", model=model, random_seed=1, progressbar=False)
     assert part.outcome.reason == "max_steps" and len(part.particles) == 1
     assert "one cell shows its q so far" in part.outcome.message
+    assert part.outcome.message.count("(10 steps this call)") == 1  # it said so twice
     assert part.inference.continuation is not None
     part.refine(10_000 - 10)
     assert part.outcome.converged and part.inference.continuation is not None
