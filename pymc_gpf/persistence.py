@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import warnings
 
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from pymc_gpf import record
 from pymc_gpf.control import control_checkpoint
 from pymc_gpf.datatree import build_datatree
 from pymc_gpf.engine import FlowInference
-from pymc_gpf.errors import CheckpointError
+from pymc_gpf.errors import CheckpointError, FitWarning
 from pymc_gpf.optimizers import OPTIMIZERS, Optimizer
 from pymc_gpf.options import CHECK_DRAWS, FitOptions, parse_fit_options
 from pymc_gpf.protocols import FittedApproximation
@@ -102,6 +103,8 @@ def _checkpoint(inference: FlowInference) -> xr.Dataset:
         # the root of the verdict's and the hyperparameters' draws (seeded per step)
         "check_root": _json([inference.check_root[0], list(inference.check_root[1])], "seed"),
         "flat_coordinates": _json(inference.target.labels, "labels"),
+        # the data it was fitted to, told apart from a model's other data when it is loaded
+        "data": inference.target.data_fingerprint(options.more_obj_params),
         "data_rngs": _json(inference.target.data_rng_states(), "minibatch rng state"),
         "anchor": _json(inference.target.anchor_state(), "the control variates' anchor"),
         "control": _json(
@@ -294,6 +297,17 @@ def load(
     tree, checkpoint = _read(source)
     model = pm.modelcontext(model)
     inference = _rebuild(checkpoint, tree["fit"]["free_energy"].values, model, devices)
+    saved = checkpoint.attrs.get("data")  # (a checkpoint older than the fingerprint: none)
+    learnt = inference.fit_options.more_obj_params
+    if saved is not None and saved != inference.target.data_fingerprint(learnt):
+        verdict = inference.outcome.verdict if inference.outcome is not None else None
+        warnings.warn(
+            "The model's data differ from those this fit was made on: its q, its verdict "
+            f"({verdict!r}) and its draws describe the posterior of the saved data, not of "
+            "these. approx.refine(n) continues the fit on these data (or fit afresh).",
+            FitWarning,
+            stacklevel=2,
+        )
     if CONTINUATION in tree[GROUP].children:
         where = "The continuation in this checkpoint"
         nested = tree[GROUP][CONTINUATION].to_dataset()

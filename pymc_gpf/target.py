@@ -10,6 +10,7 @@ one PyTensor graph, built by vectorising the model's logp graph over the leading
 from __future__ import annotations
 
 import copy
+import hashlib
 import warnings
 
 from collections.abc import Callable, Hashable, Iterator
@@ -36,10 +37,10 @@ from pymc.util import get_default_varnames, get_untransformed_name, is_transform
 from pymc.variational.minibatch_rv import MinibatchRandomVariable
 from pytensor.compile.ops import ViewOp
 from pytensor.compile.sharedvalue import SharedVariable
-from pytensor.graph.basic import Variable
+from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.replace import clone_replace, graph_replace
-from pytensor.graph.traversal import ancestors
+from pytensor.graph.traversal import ancestors, graph_inputs
 from pytensor.link.numba.linker import NumbaLinker
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.random.type import RandomGeneratorType
@@ -550,6 +551,28 @@ class BatchedTarget(_FlatLayout):
         """Whether a later fit of the same model may share this target's graphs: not with
         minibatches, whose generators are each fit's own (their states are saved with it)."""
         return not self._rngs
+
+    def data_fingerprint(self, exclude=()) -> str:
+        """A digest of the data the log-density reads: every constant and shared array (not a
+        generator, nor the learnt hyperparameters ``exclude``) it depends on, as the model
+        holds them now (the full arrays where ``pm.Minibatch`` slices them). A saved fit keeps
+        it, to tell a model with other data."""
+        digest = hashlib.blake2b(digest_size=16)
+        skip = {id(self._flat), *map(id, exclude)}
+        inputs = [v for v in graph_inputs([self._full_data_logp]) if id(v) not in skip]
+        for var in inputs:
+            if isinstance(var, SharedVariable):
+                if isinstance(var.type, RandomGeneratorType):
+                    continue
+                value = var.get_value(borrow=True)
+            elif isinstance(var, Constant):
+                value = var.data
+            else:
+                continue
+            value = np.ascontiguousarray(value)
+            digest.update(f"{var.name}:{value.dtype.str}:{value.shape}\n".encode())
+            digest.update(value.tobytes())
+        return digest.hexdigest()
 
     def data_values(self) -> tuple[np.ndarray, ...]:
         """The current values of the model's data containers (``pm.Data``), by reference:

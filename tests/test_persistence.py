@@ -116,6 +116,24 @@ def test_a_fit_saved_by_an_earlier_version_continues_as_one_made_now(
     assert loaded.outcome.reason == whole.outcome.reason
 
 
+def test_a_fit_loaded_on_other_data_says_so(tmp_path, regression_data):
+    """A saved fit describes the posterior of its data. Loaded on a model built by the same
+    code with other data (other values, or more rows), it kept its verdict ("trustworthy")
+    and its draws without a word, 11 posterior sds off; it now warns. On the same data (the
+    model rebuilt) it does not."""
+    x, y = regression_data
+    approx = pm.fit(method="gf", model=regression(x, y), random_seed=1, progressbar=False)
+    path = approx.save(tmp_path / "fit.nc")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pymc_gpf.FitWarning)
+        pymc_gpf.load(path, model=regression(x, y))
+    others = (regression(x, y + 1.0), regression(np.r_[x, x[:5]], np.r_[y, y[:5]]))
+    for model in others:
+        with pytest.warns(pymc_gpf.FitWarning, match="data differ from those this fit was made"):
+            loaded = pymc_gpf.load(path, model=model)
+        assert loaded.outcome.verdict == approx.outcome.verdict  # the saved fit's, as said
+
+
 def test_zarr_and_in_memory_round_trips(tmp_path, regression_data):
     method, inf_kwargs, fit_kwargs = GPF_FIXED
     whole = _fit(regression(*regression_data), 40, method, inf_kwargs, fit_kwargs)
