@@ -87,6 +87,8 @@ HYPER_DRAWS, HYPER_MAX_DRAWS, HYPER_BATCH = 4096, 32768, 512  # q's draws for θ
 # 1.3e4 (an unscaled predictor), a factor 1.3e5 at most; where a Flat variable has no data
 # its sd reached 1.5e21 before the fit stalled
 RUNAWAY = 1e10
+# q's mean moved this many of its sds in one call: still on its way to a far posterior
+TRAVELLING = 100.0
 
 
 def rebuild(cls: type[FlowInference], model: pm.Model, options: dict[str, Any]) -> FlowInference:
@@ -601,6 +603,38 @@ class FlowInference(Inference):
         d = self.target.ndim
         return np.exp(np.asarray(values[d : 2 * d], dtype=float)) if len(values) >= 2 * d else None
 
+    def _mean(self) -> np.ndarray | None:
+        """q's mean in the flat coordinates, where q says (``None`` elsewhere)."""
+        try:
+            values, _ = self.approx.location()
+        except (AttributeError, NotImplementedError):
+            return None
+        d = self.target.ndim
+        return np.asarray(values[:d], dtype=float) if len(values) >= 2 * d else None
+
+    def _travelling(self) -> str:
+        """Where q's mean moved more than :data:`TRAVELLING` of its sds in this call of
+        ``fit``/``refine``: the posterior lies far from the start (an initial point deep in a
+        prior's tail), which the automatic step, a bounded move per step, crosses slowly."""
+        before, after, sds, start_sds = self._start_mean, self._mean(), self._sds(), self._start_sds
+        if after is None or any(
+            v is None or v.shape != after.shape for v in (before, sds, start_sds)
+        ):
+            return ""
+        with np.errstate(all="ignore"):
+            moved = np.abs(after - before) / sds
+            # not a scale shrinking towards 0 (no optimum): that is _runaway's
+            steady = np.abs(np.log(sds / start_sds)) < np.log(TRAVELLING)
+        moved = np.where(np.isfinite(moved) & steady, moved, 0.0)
+        j = int(np.argmax(moved))
+        if not moved[j] > TRAVELLING:
+            return ""
+        return (
+            f"q's mean of {self.target.labels[j]} was still travelling: it moved "
+            f"{moved[j]:,.0f} of its sds in this fit, so the posterior lies far from the start. "
+            "init='map' (inf_kwargs={'init': 'map'}) starts from the posterior's mode. "
+        )
+
     def _runaway(self) -> str:
         """The sd of q that changed most in this call of ``fit``/``refine``, named if it
         changed by more than :data:`RUNAWAY` times: where the posterior is improper (a
@@ -623,7 +657,7 @@ class FlowInference(Inference):
 
     def _remedy(self, reason: str) -> str:
         """What to do about a fit that ended for ``reason`` without converging."""
-        return self._runaway() + self._reason_remedy(reason)
+        return self._travelling() + self._runaway() + self._reason_remedy(reason)
 
     def _reason_remedy(self, reason: str) -> str:
         if reason == "stalled" and not self.fit_options.auto:
@@ -656,7 +690,7 @@ class FlowInference(Inference):
         trustworthy. One BLAS pool keeps its threads meanwhile (:mod:`pymc_gpf.threads`). A
         method may run them elsewhere (:meth:`run_elsewhere`)."""
         self.step_limit = self.state.i + n  # the step count this call may reach
-        self._start_sds = self._sds()
+        self._start_sds, self._start_mean = self._sds(), self._mean()
         # the data this run fits: what later checks of q against the model evaluate it on,
         # whatever pm.set_data put in the model since (PSIS-corrected draws, diagnose)
         self.fitted_data = self.target.data_values()

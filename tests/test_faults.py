@@ -311,6 +311,27 @@ def test_divergence_into_zero_density_rolls_back_and_can_continue():
     np.testing.assert_allclose(approx.particles.mean(0), 0.0, atol=1e-10)
 
 
+def test_a_fit_still_travelling_to_a_far_posterior_suggests_starting_at_the_mode():
+    """A prior centred 10^4 away from where the data put the parameter: the automatic step
+    moves q by about one of its sds a step, so GF was still on its way after its steps, and
+    the warning spoke of scales drifting to 0 or infinity. It now names the travelling mean
+    and init='map', which converges (to the conjugate posterior mean, within 0.1 sd)."""
+    y = np.random.default_rng(1).normal(0.1, 1.0, 50)
+    with pm.Model() as model:
+        theta = pm.Normal("theta", 1e4, 1e4)
+        pm.Normal("y", theta, 1.0, observed=y)
+    match = "mean of theta was still travelling: it moved .* init='map'"
+    with pytest.warns(pymc_gpf.FitWarning, match=match):
+        pm.fit(300, method="gf", model=model, random_seed=1, progressbar=False)
+    approx = pm.fit(method="gf", model=model, random_seed=1, progressbar=False,
+                    inf_kwargs={"init": "map"})  # fmt: skip
+    precision = len(y) + 1e-8
+    mean, sd = (y.sum() + 1e4 * 1e-8) / precision, precision**-0.5
+    assert approx.outcome.converged
+    draws = approx.sample(4000, random_seed=1).posterior["theta"].values
+    assert abs(draws.mean() - mean) < 0.1 * sd
+
+
 def test_a_start_where_only_the_gradient_is_not_finite_is_jittered():
     """``phi ** k`` for k = 0, 1, 2 has the gradient ``k phi^(k - 1)``, ``0 * inf`` at
     ``phi = 0``: the initial point of ``Uniform(-1, 1)``, where GF's every step evaluates
