@@ -594,23 +594,28 @@ class FlowInference(Inference):
             message += f" ({self._start_note})"
         return message
 
-    def _sds(self) -> np.ndarray | None:
-        """q's marginal sds in the flat coordinates, where q says (``None`` elsewhere)."""
+    def _mean_and_sds(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """q's mean and marginal sds in the flat coordinates, where q says (``None``
+        elsewhere)."""
         try:
             values, _ = self.approx.location()
         except (AttributeError, NotImplementedError):
             return None
         d = self.target.ndim
-        return np.exp(np.asarray(values[d : 2 * d], dtype=float)) if len(values) >= 2 * d else None
+        if len(values) < 2 * d:
+            return None
+        values = np.asarray(values, dtype=float)
+        return values[:d], np.exp(values[d : 2 * d])
+
+    def _sds(self) -> np.ndarray | None:
+        """q's marginal sds in the flat coordinates, where q says (``None`` elsewhere)."""
+        both = self._mean_and_sds()
+        return None if both is None else both[1]
 
     def _mean(self) -> np.ndarray | None:
         """q's mean in the flat coordinates, where q says (``None`` elsewhere)."""
-        try:
-            values, _ = self.approx.location()
-        except (AttributeError, NotImplementedError):
-            return None
-        d = self.target.ndim
-        return np.asarray(values[:d], dtype=float) if len(values) >= 2 * d else None
+        both = self._mean_and_sds()
+        return None if both is None else both[0]
 
     def _travelling(self) -> str:
         """Where q's mean moved more than :data:`TRAVELLING` of its sds in this call of
