@@ -165,6 +165,7 @@ class FlowInference(Inference):
         self.control_state: tuple | None = None
         self.state: State | None = None  # PyMC's (i, step, callbacks, score)
         self._start_sds: np.ndarray | None = None  # q's sds when this call of fit began
+        self._start_mean: np.ndarray | None = None  # and its mean
         self.fit_options: FitOptions | None = None
         # the step sizes the compiled step reads, a shared variable (refine(n,
         # learning_rate=...) needs no compile): a fixed one from the fit keywords, the
@@ -178,7 +179,7 @@ class FlowInference(Inference):
         self._hyper_fn = None
         self._progressbar = True  # as the last fit: refine() follows it
         self._start = start
-        self._start_note = ""  # how the start was narrowed, if it was (_narrow_start)
+        self._start_note = ""  # how the start was changed, if it was (_retry_start)
         self.fitted_data = None  # the data the last run fitted (None: not run, or loaded)
         self._seed(random_seed)
         # options changed after construction, over ``resolved`` (which stays as built): the

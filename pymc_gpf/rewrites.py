@@ -63,7 +63,7 @@ def _vectorize_logsumexp(op: LogSumExp, node, batched_x):
 @_vectorize_node.register(ViewOp)
 def _vectorize_view(op: ViewOp, node, batched_x):
     """The identity is batched as it is (PyTensor wraps it in a ``Blockwise`` loop: a
-    deterministic that is a free variable's own value, mapped for every draw)."""
+    deterministic that another deterministic uses, mapped for every draw)."""
     return op.make_node(batched_x)
 
 

@@ -13,7 +13,7 @@ import copy
 import hashlib
 import warnings
 
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -552,7 +552,7 @@ class BatchedTarget(_FlatLayout):
         minibatches, whose generators are each fit's own (their states are saved with it)."""
         return not self._rngs
 
-    def data_fingerprint(self, exclude=()) -> str:
+    def data_fingerprint(self, exclude: Sequence[Variable] = ()) -> str:
         """A digest of the data the log-density reads: every constant and shared array (not a
         generator, nor the learnt hyperparameters ``exclude``) it depends on, as the model
         holds them now (the full arrays where ``pm.Minibatch`` slices them). A saved fit keeps
