@@ -122,8 +122,15 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
                return_inferencedata: bool = True, **kwargs):  # fmt: skip
         """The collected draws as an ArviZ DataTree, ``chain`` = particle: all of them, or
         ``draws`` in total as the other methods' (``⌈draws / chains⌉`` per chain, at least
-        one, evenly spaced over the trajectory). (``random_seed`` and the PSIS options of the
-        other methods do not apply: nothing is drawn anew.)"""
+        one, evenly spaced over the trajectory). (``random_seed`` does not apply: nothing is
+        drawn anew; ``psis=True`` or ``regularize`` raise, as there is no density of q to
+        reweight.)"""
+        if kwargs.get("psis") or kwargs.get("regularize") is not None:
+            raise ValueError(
+                "PSIS-corrected draws reweight draws of q by p / q, but an ensemble's q is its "
+                "draws (point masses, no density): sample() returns them as they are, without "
+                "psis or regularize."
+            )
         flat = self.draws
         if draws is not None:
             if not is_integer(draws, 1):

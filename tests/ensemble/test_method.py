@@ -101,6 +101,10 @@ def test_the_draws_are_chains_for_arviz(langevin):
     rhat = array_stats.rhat(np.moveaxis(x.values, -1, 0), chain_axis=-2, draw_axis=-1)
     assert np.all(rhat < 1.05)
     assert tree["ensemble"].attrs["kind"] == "langevin" and tree["ensemble"].attrs["burn_in"] > 0
+    # the other methods' PSIS options have no density of q to work with: said, not ignored
+    for option in ({"psis": True}, {"regularize": True}):
+        with pytest.raises(ValueError, match="no density"):
+            approx.sample(2000, **option)
 
 
 def test_the_fit_group_traces_the_objective_of_the_kind(langevin):
