@@ -128,7 +128,7 @@ def local_gradients(
     noise: Variable,
     log_scales: Variable,
     accepted: Variable,
-    pooled: tuple[Variable, Variable] | None = None,
+    pooled_noise: tuple[Variable, Variable] | None = None,
 ) -> tuple[Variable, Variable]:
     """Gradients of ``KL(q~_j || p_j)`` w.r.t. ``m_j`` and ``log s_j`` (eq. 24-26).
 
@@ -139,8 +139,8 @@ def local_gradients(
     rejected, so one particle is exactly mean-field Gaussian VI. The scores are
     ``eps / s`` (mean) and ``eps^2 - 1`` (log-scale).
 
-    ``pooled``: the noise of every draw this step ``(J, M + K, D)`` and which of them their
-    cells accept. The correction needs no log-density, so it is estimated from all of them:
+    ``pooled_noise``: the noise of every draw this step ``(J, M + K, D)`` and which of them
+    their cells accept. The correction needs no log-density, so it is estimated from all of them:
     from the ``M`` alone, a local Gaussian much wider than its cell (few accepted draws) got
     a correction whose noise outgrew its pull back to the cell's width, and its scale drifted
     up without bound (three particles on N(0, 1): the middle cell's sd 1 -> 480).
@@ -148,9 +148,10 @@ def local_gradients(
     acc = pt.cast(accepted, grad_logp.dtype)[:, :, None]
     count = pt.maximum(pt.sum(acc, axis=1), 1.0)  # (J, 1)
     scale = pt.exp(log_scales)
-    every, every_accepted = (noise, accepted) if pooled is None else pooled
-    rej = 1.0 - pt.cast(every_accepted, grad_logp.dtype)[:, :, None]
-    every_count = pt.maximum(pt.sum(1.0 - rej, axis=1), 1.0)
+    every, every_accepted = (noise, accepted) if pooled_noise is None else pooled_noise
+    every_acc = pt.cast(every_accepted, grad_logp.dtype)[:, :, None]
+    rej = 1.0 - every_acc
+    every_count = pt.maximum(pt.sum(every_acc, axis=1), 1.0)
     d_mean = -pt.sum(acc * grad_logp, axis=1) / count + pt.sum(rej * every, axis=1) / (
         scale * every_count
     )

@@ -142,9 +142,12 @@ def evaluate(
     j, d = particles.shape[0], target.ndim
     every = flow.local_draws(means, log_scales, noise)
     every_accepted = flow.accepted_draws(every, particles)
-    every_noise = noise
+    # the control draws (none with one cell): the centroids' plain mean and the truncation
+    # correction use them all, the log-density only the first m
+    controls = every.type.shape[1] != m
+    pooled = (every, every_accepted) if controls else None
+    pooled_noise = (noise, every_accepted) if controls else None
     draws, accepted, noise = every[:, :m], every_accepted[:, :m], noise[:, :m]
-    pooled = (every, every_accepted) if every.type.shape[1] != m else None
     points = draws.reshape((j * m, d))
     seen = whitened(target, state)
     logp, grad_logp, _ = seen.logp_and_grads(points)
@@ -164,7 +167,6 @@ def evaluate(
         step_count=decay * state.step_count + 1.0,
         cell_elbos=elbos,
     )
-    pooled_noise = None if pooled is None else (every_noise, every_accepted)
     d_means, d_log_scales = flow.local_gradients(
         grad_logp, noise, log_scales, accepted, pooled_noise
     )
