@@ -76,6 +76,18 @@ Z_ONE_SIDED_005 = 3.29
 CRAWL = 0.01
 # the largest lag-one autocorrelation the error estimate believes (a correlation time of 399)
 MAX_LAG_ONE = 0.995
+# longer lags whose autocorrelation the error estimate reads too: a slow mode under a fast one
+# hardly shows at lag one (GF's iterates on a latent GP at rate 1/4: the AR(1) time of lag
+# one 18, of lag 16 45, batch means over 400 steps 52; its averages ended 0.05 sds off with an
+# estimated error of 0.014). A lag counts once the average holds LAG_SPAN times it, and its
+# autocorrelation less one standard error (so that noise does not read as a slow mode)
+LONG_LAGS = (2, 4, 8, 16, 32)
+LAG_SPAN = 20
+# an average's error is believed once it reads the lags up to this many correlation times of
+# the step (GF on a GARCH(1,1) posterior, rate 1/4: its lag-one time 6 where batch means over
+# 400 steps read 24; averages over 80 steps ended 0.055 sds off with an estimated error of
+# 0.015, over 320 steps 0.004-0.019 over three seeds)
+LAG_REACH = 4
 # the correlation times an average must span before its error is believed: over fewer, the
 # iterates' variance and lag-one autocorrelation are too rough (GF's averages on a latent GP,
 # six seeds, tol 0.03: 0.014-0.065 sds from the optimum over 5 of them with Z_BIAS 3,
@@ -88,9 +100,11 @@ AT_REST = 1e-3
 # (the windows' iterates' variance times the step's correlation time over their number):
 # two moves in a row within it are the windows' own noise, not a drift to extrapolate
 Z_MOVE = 3.0
-# two averages agree when within tol plus this many sds of their difference: the average at
-# the smaller step keeps about that difference as bias, so a wide margin keeps a wide bias
-Z_BIAS = 1.0
+# an average at the smaller step keeps about its difference from the one at twice the step
+# as bias, less this many sds of that difference (a wide margin keeps a wide bias): GF on a
+# non-centred eight-schools posterior biased by 0.52 times the step, its averages at 1/8 and
+# 1/16 0.062 and 0.032 sds off, stopped there with margin 1 (within tol 0.02 plus 0.016)
+Z_BIAS = 0.0
 # while averaging, the average restarts only on a drop significant at 0.05 %: it is tested
 # after every window, and a 5 % test would restart a long average by chance
 _ARRAY = "__ndarray__"  # the key marking an array in a saved state
@@ -460,7 +474,8 @@ class Series:
 class RunningAverage(NamedTuple):
     """The running (Polyak-Ruppert) average of a stochastic fit's parameters while it
     averages, and the moments of q's location over its whole windows, for the average's
-    Monte Carlo error: their mean, variance and lag-one autocorrelation."""
+    Monte Carlo error: their mean, variance and autocorrelations at lag one and
+    :data:`LONG_LAGS`."""
 
     sums: tuple[np.ndarray, ...] | None = None
     count: int = 0
@@ -472,6 +487,11 @@ class RunningAverage(NamedTuple):
     # the first location: the moments are of the differences from it (no cancellation)
     origin: np.ndarray | None = None
     located: int = 0
+    # the lag products at LONG_LAGS, (len(LONG_LAGS), ...), and the last max(LONG_LAGS)
+    # locations they pair with the next window's (an earlier version's checkpoint has
+    # neither: its average reads lag one only)
+    long_lagged: float | np.ndarray = 0.0
+    tail: np.ndarray | None = None
 
     def add(self, params: list[np.ndarray]) -> RunningAverage:
         return self._replace(sums=_add(self.sums, params), count=self.count + 1)
@@ -482,15 +502,30 @@ class RunningAverage(NamedTuple):
         origin = np.array(locations[0]) if self.origin is None else self.origin
         locations = locations - origin
         chain = locations if self.last is None else np.concatenate([self.last[None], locations])
+        before = self.tail if self.tail is not None else locations[:0]
+        long_chain, start = np.concatenate([before, locations]), len(before)
+        products = [
+            np.sum(long_chain[max(start, k) :] * long_chain[max(start, k) - k : -k], axis=0)
+            for k in LONG_LAGS
+        ]
         return self._replace(
             windows=self.windows + 1,
             origin=origin,
             lagged=self.lagged + np.sum(chain[1:] * chain[:-1], axis=0),
+            long_lagged=self.long_lagged + np.stack(products),
+            tail=long_chain[-max(LONG_LAGS) :],
             last=np.array(locations[-1]),
             location_sum=self.location_sum + locations.sum(axis=0),
             location_squares=self.location_squares + np.square(locations).sum(axis=0),
             located=self.located + len(locations),
         )
+
+    def _reach(self, correlation_time: float, reach: float) -> int:
+        """The longest of :data:`LONG_LAGS` within ``reach`` correlation times of the step
+        (0 for an earlier version's average): the error is believed once it is read."""
+        if np.ndim(self.long_lagged) == 0 and self.windows:
+            return 0
+        return max([k for k in LONG_LAGS if k <= reach * correlation_time], default=0)
 
     def location(self) -> np.ndarray:
         """q's average location over the whole windows."""
@@ -504,19 +539,29 @@ class RunningAverage(NamedTuple):
 
     def correlation_times(self, correlation_time: float, measured: bool = True) -> np.ndarray:
         """Per coordinate, the larger of ``correlation_time`` (what the step implies) and,
-        if ``measured``, the AR(1) one measured from the iterates' lag-one autocorrelation
-        ``rho``, ``(1 + rho) / (1 - rho)``: a mode that the step contracts more slowly than
-        it implies (two WVGD particles drifting together, seen in their cells' weights)
-        shows in its own iterates."""
+        if ``measured``, the ones measured from the iterates' autocorrelations: the AR(1)
+        time of the lag-one autocorrelation ``rho``, ``(1 + rho) / (1 - rho)``, and the
+        integrated time ``1 + 2 sum_k rho_k`` over lags one and :data:`LONG_LAGS` (those the
+        average holds :data:`LAG_SPAN` times; each less its standard error, so that noise
+        does not read as a slow mode; linear between them, geometric beyond the last). A
+        mode that the step contracts more slowly than it implies (two WVGD particles
+        drifting together, seen in their cells' weights) shows in its own iterates; one
+        slower than a faster one shows at the longer lags."""
         if not measured:
             return np.full(np.shape(self.location_sum), float(correlation_time))
-        mean = self._centred_mean()
+        mean, n = self._centred_mean(), self.located
         variance = self._variances()
-        covariance = self.lagged / (self.located - 1) - np.square(mean)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rho = np.where(variance > 0, covariance / variance, 0.0)
-        rho = np.clip(rho, 0.0, MAX_LAG_ONE)
-        return np.maximum(correlation_time, (1.0 + rho) / (1.0 - rho))
+        rho = _autocorrelation(self.lagged, mean, variance, n, 1)
+        taus = np.maximum(correlation_time, (1.0 + rho) / (1.0 - rho))
+        lags = [k for k in LONG_LAGS if n >= LAG_SPAN * k]
+        if np.ndim(self.long_lagged) == 0 or not lags:  # an earlier version's average
+            return taus
+        error = np.sqrt(taus / n)  # of an autocorrelation, at most (Bartlett)
+        rhos = [rho] + [
+            np.maximum(_autocorrelation(products, mean, variance, n, k) - error, 0.0)
+            for k, products in zip(lags, self.long_lagged, strict=False)
+        ]
+        return np.maximum(taus, _integrated_time([1, *lags], rhos))
 
     def errors(
         self, correlation_time: float, scale: np.ndarray, measured: bool = True
@@ -534,13 +579,14 @@ class RunningAverage(NamedTuple):
         tol: float,
         measured: bool = True,
         span: float = SPAN,
+        reach: float = LAG_REACH,
     ) -> float:
         """The largest of :meth:`errors`; ``inf`` until the period spans ``span``
         correlation times of the step, and ``span`` of each coordinate's own unless even the
         longest correlation time believed (``MAX_LAG_ONE``) would keep its error below ``tol``
         (a pooled variance over fewer correlation times is too small)."""
         n = self.located
-        if n < max(2.0, span * correlation_time):
+        if n < max(2.0, span * correlation_time, LAG_SPAN * self._reach(correlation_time, reach)):
             return float("inf")
         taus, variances = self.correlation_times(correlation_time, measured), self._variances()
         longest = (1.0 + MAX_LAG_ONE) / (1.0 - MAX_LAG_ONE)
@@ -582,12 +628,14 @@ class Stochastic(Control):
     most ``max_average_rate`` and the iterates' step-to-step spread is below ``max_spread``
     of q's sds. *Averaging*: the step stays fixed and every iterate enters a running average
     (:class:`RunningAverage`); its Monte Carlo error is the iterates' pooled variance times
-    their correlation time over their number (after at least four windows and ``span``
-    correlation times): per coordinate the larger of what the step implies,
-    ``(2 - rate) / rate``, and the one measured from the iterates' lag-one autocorrelation
-    (``measured``). Once that error is below ``tol`` the average is compared with the one at
-    twice the step: the fit ends when they agree (every coordinate within ``tol`` plus
-    ``margin`` sds of their difference), else the step halves and the fit averages afresh. A
+    their correlation time over their number (after at least four windows, ``span``
+    correlation times and :data:`LAG_SPAN` times the longest lag read): per coordinate the
+    larger of what the step implies, ``(2 - rate) / rate``, and the ones measured from the
+    iterates' autocorrelations (``measured``; :meth:`RunningAverage.correlation_times`).
+    Once that error is below ``tol`` the average is compared with the one at twice the step:
+    the fit ends when its bias (their difference, less ``margin`` sds of its noise) and its
+    error are within ``tol`` in quadrature in every coordinate (:meth:`_agree`), else the
+    step halves and the fit averages afresh. A
     trace that starts falling again restarts the average. A window (at a step of at most
     ``max_average_rate``) whose iterates all lie within about ``tol`` of their average ends
     the fit at once, on that average, unless the windows' averages are still on the move
@@ -614,6 +662,7 @@ class Stochastic(Control):
     max_rejections: int = 30
     measured: bool = True
     span: float = SPAN
+    reach: float = LAG_REACH
     margin: float = Z_BIAS
 
     kind: ClassVar[str] = "stochastic"
@@ -743,24 +792,39 @@ class Stochastic(Control):
         state = state._replace(coarse=(location, errors))
         if coarse is not None:
             gap = np.abs(location - coarse[0]) / state.scale
-            if np.all(gap <= self.tol + self.margin * np.hypot(errors, coarse[1])):
+            if self._agree(gap, errors, coarse[1]):
                 return self._stop(state, average.sums, average.count, "converged")
         if state.rate / 2 < self.min_rate:
             return self._stop(state, average.sums, average.count, "floor")
         state = state._replace(averaging=False, average=RunningAverage())
         return self._new_rate(state, state.rate / 2), GO_ON
 
+    def _agree(self, gap: np.ndarray, errors: np.ndarray, coarse_errors: np.ndarray) -> bool:
+        """Whether the average is within ``tol`` of the fixed point: its bias, about ``gap``
+        (the averages at twice the step and this one differ by the bias at this one, less
+        ``margin`` sds of that difference's noise), and its Monte Carlo error ``errors``,
+        in quadrature, every coordinate (in q's sds)."""
+        bias = np.maximum(gap - self.margin * np.hypot(errors, coarse_errors), 0.0)
+        return bool(np.all(np.hypot(bias, errors) <= self.tol))
+
     @staticmethod
     def _stop(
         state: StochasticState, sums: Sequence[np.ndarray], count: int, reason: str
     ) -> tuple[StochasticState, Decision]:
         """Stop for ``reason`` with q set to the average ``sums / count``
-        (Polyak-Ruppert)."""
+        (Polyak-Ruppert). The average's tail of locations goes (a saved fit need not hold
+        32 copies of q's location): a refined fit's first window then pairs with none."""
+        state = state._replace(average=state.average._replace(tail=None))
         return _cleared(state), Decision(reason, params=[s / count for s in sums])
 
     def _average_error(self, state: StochasticState) -> float:
         return state.average.error(
-            self.correlation_time(state), state.scale, self.tol, self.measured, self.span
+            self.correlation_time(state),
+            state.scale,
+            self.tol,
+            self.measured,
+            self.span,
+            self.reach,
         )
 
     def progress(self, state):
@@ -799,6 +863,29 @@ class Stochastic(Control):
         values, locations = Series.of(saved.pop("values")), Series.of(saved.pop("locations"))
         state = super().restored(saved)
         return state._replace(average=average, values=values, locations=locations)
+
+
+def _autocorrelation(
+    products: np.ndarray, mean: np.ndarray, variance: np.ndarray, n: int, lag: int
+) -> np.ndarray:
+    """The lag-``lag`` autocorrelation from the sum of lag products over ``n - lag`` pairs,
+    in ``[0, MAX_LAG_ONE ** lag]``."""
+    covariance = products / (n - lag) - np.square(mean)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho = np.where(variance > 0, covariance / variance, 0.0)
+    return np.clip(rho, 0.0, MAX_LAG_ONE**lag)
+
+
+def _integrated_time(lags: list[int], rhos: list[np.ndarray]) -> np.ndarray:
+    """``1 + 2 sum_{k >= 1} rho_k`` from the autocorrelations at ``lags`` (1 first): the
+    trapezoid rule between them (over an exponential decay, a little above its sum) and,
+    beyond the last lag ``K``, the geometric tail of the AR(1) decay ``rho_K ** (1 / K)``
+    (the ratio of the last two is too noisy to extrapolate: it made 100 of a time of 35)."""
+    total = 0.5 * rhos[0]
+    for a, b, ra, rb in zip(lags, lags[1:], rhos, rhos[1:], strict=False):
+        total = total + 0.5 * (b - a) * (ra + rb)
+    decay = rhos[-1] ** (1.0 / lags[-1])
+    return 1.0 + 2.0 * (total + rhos[-1] * (0.5 + decay / (1.0 - decay)))
 
 
 def _cleared(state: StochasticState) -> StochasticState:

@@ -27,6 +27,7 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pymc_gpf.checks import is_integer, positive, seed_sequence
 from pymc_gpf.config import MethodConfig
 from pymc_gpf.control import (
+    LAG_REACH,
     SPAN,
     Z_BIAS,
     Control,
@@ -131,8 +132,10 @@ class FlowInference(Inference):
     narrowing: ClassVar[float] = NARROWING  # the spread's factor each time it is narrowed
     # the free energy recorded is the particles' own (GPF: a quadrature finite N can bias low)
     particle_free_energy: ClassVar[bool] = False
-    # the stochastic schedule's correlation times per average and agreement margin (in sds)
+    # the stochastic schedule's correlation times per average, the step's correlation times
+    # its lags must reach (pymc_gpf.control.LAG_REACH) and agreement margin (in sds)
     average_span: ClassVar[float] = SPAN
+    lag_reach: ClassVar[float] = LAG_REACH
     agreement_margin: ClassVar[float] = Z_BIAS
     # a method without a constructor of its own: its keywords are this config's fields
     Config: ClassVar[type[MethodConfig] | None] = None
@@ -889,6 +892,7 @@ def stochastic_control(inference: FlowInference, tol: float) -> Stochastic:
         tol,
         measured=inference.measured_correlation,
         span=inference.average_span,
+        reach=inference.lag_reach,
         margin=inference.agreement_margin,
     )
 

@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 AUTO = "auto"
-DEFAULT_TOL = 0.03  # distance to the fixed point, in standard deviations of q
+DEFAULT_TOL = 0.02  # distance to the fixed point, in standard deviations of q
 # with pm.Minibatch every step sees a subsample: reaching tol costs ~ (n / batch) / tol^2 steps
 MINIBATCH_TOL = 0.05
 DEFAULT_MAX_STEPS, MINIBATCH_MAX_STEPS = 10_000, 100_000
@@ -246,7 +246,7 @@ tol
     When the fit has converged, in standard deviations of q: the distance to the fixed
     point estimated by the natural-gradient decrement (deterministic objectives) or the
     Monte Carlo error of the averaged iterate once the free energy has stopped falling
-    (stochastic ones). Default 0.03 at the automatic step size; with a fixed
+    (stochastic ones). Default 0.02 at the automatic step size; with a fixed
     ``learning_rate`` it enables a window test on the trace.
 optimizer
     With a fixed ``learning_rate`` only: a name ("sgd", "momentum", "adam", "rmsprop",

@@ -262,7 +262,8 @@ def test_progressbar_shows_steps_and_the_outcome(regression_model, capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     last = lines[-1]
     assert f"step {len(approx.hist)}" in last and "%" not in last
-    assert "(tol 0.03)" in last and last.rstrip().endswith("; converged")
+    assert f"(tol {pymc_gpf.options.DEFAULT_TOL:g})" in last
+    assert last.rstrip().endswith("; converged")
     assert max(len(line) for line in lines) <= 120
     pm.fit(25, method="gpf", model=regression_model, learning_rate=0.01)
     assert "100%" in capsys.readouterr().out

@@ -48,14 +48,16 @@ def conjugate():
 def test_deterministic_methods_give_the_default_backends_numbers(conjugate, method):
     """Same seed, same steps: trace and particles equal to round-off (the methods whose step
     draws no noise: GPF, the deep ensemble). GPF on log x, x ~ Gamma(2, 1), grows its
-    cloud from 20 to 40 particles, so its JAX step is compiled for two shapes."""
+    cloud from 20 to 40 particles, so its JAX step is compiled for two shapes; at tol 0.03,
+    where 40 particles reach the Gaussian optimum (at the default 0.02 they do not, and GF's
+    flow continues with draws of q, whose numbers are each backend's own)."""
     options = dict(get(method).noise_free_kwargs)
     model = log_gamma(2.0) if get(method).grows else conjugate[0]
     fits = {}
     for backend in (None, "jax"):
         with model:
             fits[backend] = pm.fit(method=method, inf_kwargs=options, random_seed=2,
-                                   progressbar=False, backend=backend)  # fmt: skip
+                                   progressbar=False, backend=backend, tol=0.03)  # fmt: skip
     default, jax = fits[None], fits["jax"]
     assert jax.outcome.reason == default.outcome.reason
     assert len(jax.hist) == len(default.hist) and len(jax.particles) == len(default.particles)

@@ -412,6 +412,38 @@ def test_the_average_s_error_measures_a_correlation_slower_than_the_step_implies
     assert average.error(3.0, np.ones(2), tol=0.05) == pytest.approx(errors[0])
 
 
+def test_the_average_s_error_sees_a_slow_mode_under_a_fast_one():
+    """A sum of a fast AR(1) (lag-one autocorrelation 0.75, time 7, variance 0.7) and a slow
+    one (0.98, time 99, variance 0.3), as GF's iterates on a latent GP posterior: integrated
+    correlation time 0.7 * 7 + 0.3 * 99 = 34.6, where the lag-one autocorrelation (0.82)
+    reads 10 and so underestimated the average's error by 1.9 (those averages ended 0.05
+    sds off with an estimated error of 0.014). The longer lags find most of it, over
+    20 000 steps, while white noise and a plain AR(1) keep their times."""
+    from pymc_gpf.control import RunningAverage
+
+    rng = np.random.default_rng(0)
+    n = 20_000
+
+    def ar1(rho):
+        noise = rng.normal(size=n) * np.sqrt(1 - rho**2)
+        out = np.empty(n)
+        out[0] = rng.normal()
+        for t in range(1, n):
+            out[t] = rho * out[t - 1] + noise[t]
+        return out
+
+    mixed = np.sqrt(0.7) * ar1(0.75) + np.sqrt(0.3) * ar1(0.98)
+    series = np.stack([mixed, ar1(0.75), rng.normal(size=n)], axis=1)
+    average = RunningAverage()
+    for window in np.split(series, n // 20):
+        average = average.add_window(window)
+    times = average.correlation_times(3.0)
+    lag_one = np.corrcoef(mixed[1:], mixed[:-1])[0, 1]
+    assert (1 + lag_one) / (1 - lag_one) < 11
+    assert 0.55 * 34.6 < times[0] < 1.1 * 34.6
+    np.testing.assert_allclose(times[1:], [7.0, 3.0], rtol=0.1)
+
+
 def test_a_fit_that_ran_out_of_steps_before_its_error_was_known_says_why():
     """An average over 200 steps of a coordinate with lag-one autocorrelation 0.999 (e.g.
     WVGD's running cell weights) spans less than five of its correlation times, so its
