@@ -97,6 +97,23 @@ def test_the_same_seed_gives_the_same_numbers_on_jax(conjugate):
     np.testing.assert_array_equal(traces[0], traces[1])
 
 
+def test_gpf_on_jax_gives_its_verdict_where_the_prior_has_no_draws():
+    """The verdict's mode search starts half its points around the initial point where the
+    prior has nothing to draw (a ``Flat`` variable), written into an array made from q: on
+    JAX, GPF's particles are a JAX array in their shared variable, and a fit of the
+    benchmarks' flat-prior Gaussian once ended in a TypeError after its last step."""
+    sds = np.array([1.0, 2.0])
+    with pm.Model() as model:
+        x = pm.Flat("x", shape=2)
+        pm.Potential("gaussian", -0.5 * pm.math.sum(((x - 1.0) / sds) ** 2))
+    approx = pm.fit(method="gpf", model=model, backend="jax", random_seed=1, progressbar=False)
+    assert type(approx.particles) is np.ndarray and approx.particles.flags.writeable
+    assert approx.outcome.verdict == "trustworthy"
+    q = approx.gaussian()
+    np.testing.assert_allclose(q.mean, [1.0, 1.0], atol=0.02 * sds.max())
+    np.testing.assert_allclose(np.sqrt(q.marginal_variances()), sds, rtol=0.02)
+
+
 @pytest.mark.filterwarnings("ignore:ENSEMBLE did not converge")
 @pytest.mark.parametrize("method", names("noisy"))
 def test_a_saved_jax_fit_continues_exactly(conjugate, tmp_path, method):
