@@ -189,22 +189,26 @@ def _vectorised_perform(composite: Composite):
     results): looking values up by variable hashed each one, half the time of a small
     model's step."""
     graph = composite.fgraph
-    slots = {var: i for i, var in enumerate(graph.inputs)}
+    slots = {id(var): i for i, var in enumerate(graph.inputs)}
     constants: list[tuple[int, object]] = []
     program = []
     for inner in graph.toposort():
+        if id(inner.outputs[0]) in slots:
+            # PyTensor's toposort of a kernel can list a node once per use (a type-II GP's
+            # gradient had one exp(x) three times): computed once, it keeps its slot
+            continue
         for var in inner.inputs:
-            if var not in slots:  # a constant
-                slots[var] = len(slots)
-                constants.append((slots[var], var.data))
-        arguments = tuple(slots[var] for var in inner.inputs)
-        slots[inner.outputs[0]] = len(slots)
+            if id(var) not in slots:  # a constant
+                slots[id(var)] = len(slots)
+                constants.append((slots[id(var)], var.data))
+        arguments = tuple(slots[id(var)] for var in inner.inputs)
+        slots[id(inner.outputs[0])] = len(slots)
         program.append((_numpy_function(inner.op, len(arguments)), arguments, len(slots) - 1))
     n_inputs, size = len(graph.inputs), len(slots)
     constant_slots = {i for i, _ in constants}
     # the outputs' slots, and whether each is computed here (not an input, not a constant)
-    outputs = [(slots[var], slots[var] >= n_inputs and slots[var] not in constant_slots)
-               for var in graph.outputs]  # fmt: skip
+    outputs = [slots[id(var)] for var in graph.outputs]
+    outputs = [(i, i >= n_inputs and i not in constant_slots) for i in outputs]
 
     def perform(node: Apply, inputs: list, output_storage: list) -> None:
         values = [*inputs, *([None] * (size - n_inputs))]

@@ -102,3 +102,21 @@ def test_a_numpy_kernel_s_outputs_own_their_memory():
     np.testing.assert_array_equal(second, 2 * values)
     np.testing.assert_array_equal(third, 2 * values + 1)
     assert not np.shares_memory(same, values) and not np.shares_memory(first, second)
+
+
+def test_a_numpy_kernel_with_equal_operations_computes_each():
+    """PyTensor's toposort of a fused kernel can list one node once per use (``exp(x)`` used
+    three times, as in a type-II GP's gradient): the program computes it once and keeps its
+    slot (giving it a second slot made two results share one, and a step fail)."""
+    from pymc_gpf.linker import _vectorised_perform
+
+    x, y = ps.float64("x"), ps.float64("y")
+    first, second, third = ps.exp(x), ps.exp(x), ps.exp(x)
+    outputs = [first * y, second + y, third - y]
+    composite = ps.Composite([x, y], outputs)
+    node = Elemwise(composite).make_node(pt.vector("a"), pt.vector("b"))
+    a, b = np.array([0.0, 1.0, 2.0]), np.array([1.0, 2.0, 3.0])
+    storage = [[None] for _ in node.outputs]
+    _vectorised_perform(composite)(node, [a, b], storage)
+    for (got,), want in zip(storage, [np.exp(a) * b, np.exp(a) + b, np.exp(a) - b], strict=True):
+        np.testing.assert_allclose(got, want)
