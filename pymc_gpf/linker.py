@@ -186,8 +186,8 @@ def _vectorised_perform(composite: Composite):
     """``perform`` of an Elemwise ``Composite``: its scalar graph run once on whole arrays,
     one NumPy ufunc per operation (NumPy would otherwise call the scalar graph per element).
     The graph is translated once into a program over numbered slots (inputs, constants,
-    results): looking values up by variable hashed each one, half the time of a small
-    model's step."""
+    results): looking values up by variable hashed each one at every operation, a fifth of
+    the time of a GF step on a 5-parameter mixture."""
     graph = composite.fgraph
     slots = {id(var): i for i, var in enumerate(graph.inputs)}
     constants: list[tuple[int, object]] = []
