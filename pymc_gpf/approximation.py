@@ -346,7 +346,7 @@ class ParticlesMixin:
     def particles(self) -> np.ndarray:
         """The particles ``(N, D)`` in flat unconstrained space (a NumPy copy: on JAX the
         shared value is a JAX array, which the verdict's mode search must write into)."""
-        return np.array(self.shared_particles.get_value())
+        return np.array(self.shared_particles.get_value(borrow=True))  # one copy, not two
 
     def centre(self) -> tuple[np.ndarray, np.ndarray]:
         """The particles' mean and sds: where minibatch control variates anchor."""

@@ -104,7 +104,7 @@ def test_a_numpy_kernel_s_outputs_own_their_memory():
     assert not np.shares_memory(same, values) and not np.shares_memory(first, second)
 
 
-def test_a_numpy_kernel_with_equal_operations_computes_each():
+def test_a_numpy_kernel_computes_once_a_node_its_toposort_repeats():
     """PyTensor's toposort of a fused kernel can list one node once per use (``exp(x)`` used
     three times, as in a type-II GP's gradient): the program computes it once and keeps its
     slot (giving it a second slot made two results share one, and a step fail)."""
