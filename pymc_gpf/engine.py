@@ -339,7 +339,8 @@ class FlowInference(Inference):
         if hasattr(self, "noise_rng"):
             self.noise_rng.set_value(noise, borrow=True)
         else:
-            self.noise_rng = pytensor.shared(noise, name=f"{self.name}_noise_rng")
+            # the ``rng`` of a step that draws (its checkpoint key, as before it was one)
+            self.noise_rng = pytensor.shared(noise, name="noise_rng")
 
     def fit(self, n=None, score=None, callbacks=None, progressbar=True,
             progressbar_theme=default_progress_theme, **keywords):  # fmt: skip
@@ -420,17 +421,14 @@ class FlowInference(Inference):
                 shared.set_value(value.astype(shared.dtype))
         self.apply_decision(decision)
 
-    def restore(
-        self, record: FitRecord, step: int, random_seed, check_root: tuple,
-        noise: np.random.Generator,
-    ) -> None:  # fmt: skip
+    def restore(self, record: FitRecord, step: int, random_seed, check_root: tuple) -> None:
         """Continue a saved fit (:func:`pymc_gpf.load`, after :meth:`prepare` and its state
-        variables): its record, step count, seed, verdict stream and noise generator."""
+        variables, the generator of its draws among them): its record, step count, seed and
+        verdict stream."""
         self.record = record
         self.state = State(step, step=self.step, callbacks=[], score=True)
         self.random_seed = random_seed
         self._check_root = check_root
-        self.noise_rng.set_value(noise, borrow=True)
         self._write_rate()
 
     def prepare(self, options: FitOptions) -> None:

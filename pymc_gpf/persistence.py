@@ -36,6 +36,7 @@ from pymc_gpf.optimizers import OPTIMIZERS, Optimizer
 from pymc_gpf.options import CHECK_DRAWS, FitOptions, parse_fit_options
 from pymc_gpf.protocols import FittedApproximation
 from pymc_gpf.registry import METHODS
+from pymc_gpf.stepgraph import is_generator
 
 __all__ = ["load", "save", "to_datatree"]
 
@@ -45,9 +46,11 @@ GROUP = "checkpoint"
 CONTINUATION = "continuation"
 # 2: optimiser and controller state named from their fields; 3: a checksum; 4: the
 # controller's settings and state under its state type's field names (no leading underscore;
-# an earlier version cannot read them, so it refuses format 4 by its number)
-FORMAT = 4
-READS = ("3", "4")  # format 3 loads with its controller's names translated
+# an earlier version cannot read them, so it refuses format 4 by its number); 5: the
+# generator of a step's draws is a state variable like the arrays (its state an attribute
+# under its key, ``noise_rng``, written only where the step draws)
+FORMAT = 5
+READS = ("3", "4", "5")  # format 3 loads with its controller's names translated
 NETCDF = {"engine": "h5netcdf"}
 ZARR = {"consolidated": False}  # consolidated metadata is not part of zarr format 3
 _OPTIMIZER_CLASSES = {cls.__name__: cls for cls in OPTIMIZERS.values()}
@@ -90,6 +93,12 @@ def _checkpoint(inference: FlowInference) -> xr.Dataset:
             np.asarray(var.get_value()), dims=[f"{key}_dim{i}" for i in range(var.ndim)]
         )
         for key, var in inference.state_vars.items()
+        if not is_generator(var)
+    }
+    generators = {
+        key: _json(var.get_value().bit_generator.state, "rng state")
+        for key, var in inference.state_vars.items()
+        if is_generator(var)
     }
     attrs = {
         "format": FORMAT,
@@ -99,7 +108,6 @@ def _checkpoint(inference: FlowInference) -> xr.Dataset:
         "hyperparameters": _json([p.name for p in options.more_obj_params], "names"),
         "step": int(inference.state.i),
         "random_seed": _json(seed if isinstance(seed, int | list | None) else None, "seed"),
-        "noise_rng": _json(inference.noise_rng.get_value().bit_generator.state, "rng state"),
         # the root of the verdict's and the hyperparameters' draws (seeded per step)
         "check_root": _json([inference.check_root[0], list(inference.check_root[1])], "seed"),
         "flat_coordinates": _json(inference.target.labels, "labels"),
@@ -115,7 +123,7 @@ def _checkpoint(inference: FlowInference) -> xr.Dataset:
             None if inference.hyper is None else inference.hyper.state(), "the hyperparameters"
         ),
         "extra": _json(inference.checkpoint_extra(), "the method's extra state"),
-    }
+    } | generators
     record_arrays, record_attrs = inference.record.checkpoint()
     arrays |= record_arrays
     attrs |= {key: _json(value, f"the fit's {key}") for key, value in record_attrs.items()}
@@ -336,7 +344,8 @@ def _rebuild(checkpoint: xr.Dataset, hist: np.ndarray, model: pm.Model, devices)
             f"{inference.target.labels}. Load it with the model it was fitted to."
         )
     inference.prepare(_fit_options(inference, attrs))
-    expected = set(inference.state_vars)
+    generators = {k for k, var in inference.state_vars.items() if is_generator(var)}
+    expected = set(inference.state_vars) - generators
     saved = set(checkpoint.data_vars) - set(record.ARRAYS)
     if expected != saved:
         raise ValueError(
@@ -344,7 +353,12 @@ def _rebuild(checkpoint: xr.Dataset, hist: np.ndarray, model: pm.Model, devices)
             f"state: missing {sorted(expected - saved)}, unexpected {sorted(saved - expected)}."
         )
     for key, var in inference.state_vars.items():
-        var.set_value(checkpoint[key].values.astype(var.dtype))
+        if key in generators:
+            generator = np.random.default_rng()
+            generator.bit_generator.state = json.loads(attrs[key])
+            var.set_value(generator, borrow=True)
+        else:
+            var.set_value(checkpoint[key].values.astype(var.dtype))
     inference.target.set_data_rng_states(json.loads(attrs["data_rngs"]))
     inference.target.set_anchor_state(json.loads(attrs.get("anchor", "null")))
     inference.load_control(json.loads(attrs["control"]))
@@ -352,14 +366,11 @@ def _rebuild(checkpoint: xr.Dataset, hist: np.ndarray, model: pm.Model, devices)
     if hyper is not None and inference.hyper is not None:
         inference.hyper.load(hyper)
     inference.load_checkpoint_extra(json.loads(attrs["extra"]))
-    rng = np.random.default_rng()
-    rng.bit_generator.state = json.loads(attrs["noise_rng"])
     entropy, key = json.loads(attrs["check_root"])
     inference.restore(
         record.FitRecord.load(hist, checkpoint),
         int(attrs["step"]),
         json.loads(attrs["random_seed"]),
         (entropy, tuple(key)),
-        rng,
     )
     return inference

@@ -33,6 +33,7 @@ __all__ = [
     "StepGraph",
     "compile_step",
     "dynamic_rows",
+    "is_generator",
     "keep_if",
     "leaves",
     "share",
@@ -47,12 +48,17 @@ __all__ = [
 S = TypeVar("S", bound=NamedTuple)
 
 
-def standard_normal(rng: SharedVariable, shape: tuple[int, ...]) -> Variable:
-    """Fresh ``N(0, 1)`` draws in every step from the fit's own seeded generator ``rng``
-    (which continues across ``fit``/``refine`` calls)."""
-    # PyMC's compile collects the generator's update from the graph
-    _, draws = pt.random.normal(0.0, 1.0, size=shape, rng=rng, return_next_rng=True)
-    return draws
+def standard_normal(rng: Variable, shape: tuple[int, ...]) -> tuple[Variable, Variable]:
+    """``N(0, 1)`` draws of ``shape`` from the generator ``rng`` (a state's ``rng``: the
+    fit's own seeded generator, which continues across ``fit``/``refine`` calls), and the
+    generator after them: the next draw, or the next state's ``rng``, takes that one."""
+    next_rng, draws = pt.random.normal(0.0, 1.0, size=shape, rng=rng, return_next_rng=True)
+    return next_rng, draws
+
+
+def is_generator(var: Variable) -> bool:
+    """Whether ``var`` is a random generator (a state's ``rng``), not an array."""
+    return isinstance(var.type, RandomGeneratorType)
 
 
 def keep_if(accepted: Variable, new: Variable, old: Variable) -> Variable:
@@ -82,6 +88,8 @@ def share[S: NamedTuple](
         *(
             tuple(one(f"{name}{i}", v) for i, v in enumerate(value))
             if isinstance(value, tuple)
+            else None
+            if value is None  # a part held elsewhere (a step's ``rng``: the fit's generator)
             else one(name, value)
             for name, value in zip(state._fields, state, strict=True)
         )
@@ -102,7 +110,7 @@ def leaves(state: NamedTuple) -> list:
 def updates[S: NamedTuple](shared: S, new: S) -> dict[SharedVariable, Variable]:
     """The shared variables of a state paired with their next (symbolic) values."""
     pairs = zip(leaves(shared), leaves(new), strict=True)
-    return {var: value.astype(var.dtype) for var, value in pairs}
+    return {var: value if is_generator(var) else value.astype(var.dtype) for var, value in pairs}
 
 
 def values[S: NamedTuple](shared: S) -> S:
@@ -166,8 +174,9 @@ class StepGraph:
     """One iteration of a method: its state (shared variables), the next state and the
     step's :class:`Info`, i.e. ``step(state, ...) -> (new, info)`` applied to the fit's
     state. Everything that changes from step to step is a leaf of ``state`` (the saved
-    checkpoint is its leaves, by name); random draws in the step use
-    :func:`standard_normal`, whose generator advances outside the guard."""
+    checkpoint is its leaves, by name). A step that draws holds the fit's generator as its
+    state's ``rng``: :func:`standard_normal` from it, the last generator is the next
+    state's, and it advances whether or not the guard keeps the step."""
 
     state: NamedTuple
     new: NamedTuple
@@ -262,11 +271,14 @@ def share_moments(moments, name: str, shape: tuple[int, ...], static: tuple | No
     return map_state(shared, moments)
 
 
-def share_init[S: NamedTuple](init: S, held: NamedTuple, shared: dict) -> S:
+def share_init[S: NamedTuple](
+    init: S, held: NamedTuple, shared: dict, rng: SharedVariable | None = None
+) -> S:
     """A step's initial state ``init`` (NumPy, its method's ``init_<kind>``) in shared
     variables: ``init.q`` (or ``init.particles``), which the fitted approximation holds
-    already, is ``held``; every other field ``f`` is named by ``shared[f]``: a name (an
-    array), or ``(name, shape, static)`` of the direction an optimiser's state belongs to
+    already, is ``held``, and ``init.rng`` the fit's generator ``rng`` (it continues across
+    compiles); every other field ``f`` is named by ``shared[f]``: a name (an array), or
+    ``(name, shape, static)`` of the direction an optimiser's state belongs to
     (:func:`share_moments`), or a tuple of those (one optimiser state per block)."""
 
     def one(value, how):
@@ -278,7 +290,7 @@ def share_init[S: NamedTuple](init: S, held: NamedTuple, shared: dict) -> S:
 
     first = init._fields[0]
     fields = {first: held} | {f: one(getattr(init, f), how) for f, how in shared.items()}
-    return type(init)(**fields)
+    return type(init)(**fields, **({"rng": rng} if "rng" in init._fields else {}))
 
 
 def _add_state(state: dict[str, SharedVariable], key: str | None, var: SharedVariable) -> None:
@@ -311,11 +323,16 @@ def _guard(graph: StepGraph, updates: dict, keys: dict, state: dict):
     so the state kept always has a finite free energy: the last good one."""
     here_ok = pt.isfinite(graph.info.free_energy)
     next_ok = here_ok
-    for value in updates.values():
-        next_ok = next_ok & pt.all(pt.isfinite(value))
+    for var, value in updates.items():
+        if not is_generator(var):
+            next_ok = next_ok & pt.all(pt.isfinite(value))
     guarded = {}
     for var, value in updates.items():
         key = keys[var]
+        if is_generator(var):  # advances whatever the step: a retry draws afresh
+            guarded[var] = value
+            _add_state(state, key, var)
+            continue
         previous = pytensor.shared(var.get_value(), name=f"{key}_previous")
         guarded[var] = pt.switch(next_ok, value, pt.switch(here_ok, var, previous))
         guarded[previous] = pt.switch(next_ok, var, previous)
@@ -359,7 +376,7 @@ def _compile(outputs: list, step_updates: dict, options: FitOptions) -> Callable
         options.compile_backend,
         options.compile_kwargs,
         updates=step_updates,
-        random_seed=False,  # noise_rng is seeded by us and continues across compiles
+        random_seed=False,  # the state's rng is seeded by us and continues across compiles
     )
     fn.trust_input = True
     return fn
@@ -369,7 +386,7 @@ def _per_shape(outputs: list, step_updates: dict, options: FitOptions) -> Callab
     """The step compiled once per shape of the state: JAX traces shapes as constants, so a
     number of particles left dynamic (:func:`dynamic_rows`) is fixed before it compiles, and
     a new number (GPF's growing cloud) compiles anew."""
-    state = [var for var in step_updates if var.type.ndim]
+    state = [var for var in step_updates if not is_generator(var) and var.type.ndim]
     compiled: dict[tuple, Callable[[], list]] = {}
 
     def step() -> list:

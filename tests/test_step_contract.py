@@ -27,7 +27,7 @@ from pytensor.compile.sharedvalue import SharedVariable
 
 from pymc_gpf.options import parse_fit_options
 from pymc_gpf.registry import METHODS
-from pymc_gpf.stepgraph import Info, StepGraph, leaves
+from pymc_gpf.stepgraph import Info, StepGraph, is_generator, leaves
 
 STEPS = 4
 
@@ -89,6 +89,12 @@ def test_the_step_maps_its_state_to_the_same_state(regression_data, method, inf_
     _assert_same_structure(state, new, type(state).__name__)
     pairs = list(zip(leaves(state), leaves(new), strict=True))
     assert pairs
+    # a step that draws holds the fit's generator as its state's rng, and advances it
+    generators = [(var, value) for var, value in pairs if is_generator(var)]
+    if generators:
+        assert state.rng is inference.noise_rng and [var for var, _ in generators] == [state.rng]
+        assert is_generator(new.rng) and new.rng is not state.rng
+    pairs = [(var, value) for var, value in pairs if not is_generator(var)]
     for var, value in pairs:
         assert isinstance(var, SharedVariable) and var.name, var
         assert (value.dtype, value.ndim) == (var.dtype, var.ndim), var.name
@@ -112,18 +118,24 @@ def test_the_step_maps_its_state_to_the_same_state(regression_data, method, inf_
     for key in ("points", "positions"):
         assert getattr(info, key).type.shape[-1] in (None, d), key
 
-    # the state is what the step's init gave: the same fields, shapes and dtypes
+    # the state is what the step's init gave: the same fields, shapes and dtypes (its rng
+    # the fit's generator, which the init leaves to the method)
     inits = [init for init in made if type(init) is type(state)]
     assert inits, f"{method}: no init of the method returned its {type(state).__name__}"
-    _assert_same_structure(state, inits[-1], type(state).__name__)
-    for var, value in zip(leaves(state), leaves(inits[-1]), strict=True):
+    init = inits[-1]
+    if generators:
+        assert init.rng is None
+        init = init._replace(rng=state.rng)
+    _assert_same_structure(state, init, type(state).__name__)
+    for var, value in zip(leaves(state)[: len(pairs)], leaves(init)[: len(pairs)], strict=True):
         held = var.get_value(borrow=True)
         assert (np.shape(value), np.asarray(value).dtype) == (held.shape, held.dtype), var.name
 
     # the checkpoint holds every leaf of the state, by its name
-    for var, _ in pairs:
+    for var, _ in [*pairs, *generators]:
         assert inference.state_vars.get(var.name) is var, var.name
     shared = [var for var, _ in pairs]
+    drawn = [var.get_value().bit_generator.state for var, _ in generators]
     before = [np.array(var.get_value()) for var in shared]
     # compiled: (free_energy, ok, *the scalars the controller reads), every array keeping
     # its shape and finite values finite
@@ -137,6 +149,8 @@ def test_the_step_maps_its_state_to_the_same_state(regression_data, method, inf_
         assert (value.shape, value.dtype) == (old.shape, old.dtype), var.name
         assert np.isfinite(value[np.isfinite(old)]).all(), var.name
     assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+    for (var, _), old in zip(generators, drawn, strict=True):
+        assert var.get_value().bit_generator.state != old, var.name
 
 
 @pytest.mark.parametrize("method", names())

@@ -410,10 +410,11 @@ class Ensemble(FlowInference):
         if config.kind == "deep":
             new, info = step.deep_step(state, None, self.target, self.learning_rates, static)
             return StepGraph(state, new, info)
+        state = state._replace(rng=self.noise_rng)
         shape = config.n_particles, self.target.ndim
-        noise = _noise(self.noise_rng, shape, self._preconditioned(options))
+        rng, noise = _noise(state.rng, shape, self._preconditioned(options))
         new, info = step.langevin_step(state, noise, self.target, self.learning_rates, static)
-        return StepGraph(state, new, info)
+        return StepGraph(state, new._replace(rng=rng), info)
 
     def step_static(self) -> step.EnsembleStatic:
         """The settings of the step's graph (a deep ensemble's step has none)."""
@@ -613,13 +614,14 @@ def _square(f: np.ndarray) -> np.ndarray:
 
 
 def _noise(rng, shape: tuple[int, int], precondition: bool) -> tuple:
-    """A step's ``N(0, I)`` draws ``(N, D)`` and, to precondition, ``(N, K)`` more for the
-    factor, as one draw (the generator updates once a step)."""
+    """The generator after a step's ``N(0, I)`` draws ``(N, D)`` and, to precondition,
+    ``(N, K)`` more for the factor, as one draw; those draws."""
     n, d = shape
     if not precondition:
-        return standard_normal(rng, shape), None
-    draws = standard_normal(rng, (n, d + flow.factor_rows(n, d)))
-    return draws[:, :d], draws[:, d:]
+        rng, draws = standard_normal(rng, shape)
+        return rng, (draws, None)
+    rng, draws = standard_normal(rng, (n, d + flow.factor_rows(n, d)))
+    return rng, (draws[:, :d], draws[:, d:])
 
 
 def _check_options(options: FitOptions, target, kind: str) -> None:

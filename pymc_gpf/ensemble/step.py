@@ -55,6 +55,7 @@ class LangevinState(NamedTuple):
     ready: Variable  # ()
     preconditioner_diagonal: Variable  # (D,)
     preconditioner_factor: Variable  # (K, D), K = flow.factor_rows(N, D)
+    rng: Variable | None = None  # the generator of the noise (set by the method, not the step)
 
 
 class DeepState(NamedTuple):

@@ -378,8 +378,6 @@ class GF(FlowInference):
                 "structure='full'."
             )
         if not options.auto:
-            s = self.resolved_draws(options)
-            noise = [standard_normal(self.noise_rng, (s, f.type.shape[-1])) for f in q.factor]
             # a dimension-wise optimiser shares its scale across a factor's K columns: an
             # affine preconditioner of Gamma's rows, as GPF shares it across particles
             transforms = (
@@ -393,23 +391,33 @@ class GF(FlowInference):
             init = step.init_fixed(values(q), static, self.target.dtype)
             moments = [(f.name, f.type.shape) for f in q.factor]
             state = share_init(
-                init, q, {"mean_moments": ("gf_mean", q.mean.type.shape), "factor_moments": moments}
+                init,
+                q,
+                {"mean_moments": ("gf_mean", q.mean.type.shape), "factor_moments": moments},
+                self.noise_rng,
             )
+            s, rng, noise = self.resolved_draws(options), state.rng, []
+            for f in q.factor:  # each block's draws from the generator its last left
+                rng, z = standard_normal(rng, (s, f.type.shape[-1]))
+                noise.append(z)
             new, info = step.fixed_step(
                 state, step.Noise(noise), self.target, self.learning_rates, static
             )
-            return StepGraph(state, new, info)
+            return StepGraph(state, new._replace(rng=rng), info)
         resolve_natural_mean(self.config.natural_mean, options)  # refuses natural_mean=False here
+        static = step.GFStatic(self.structure)
+        init = step.init_natural(values(q), static, self.target.dtype)
+        state = share_init(init, q, {"free_energy": "gf_free_energy"}, self.noise_rng)
         weights = None
         if self._standardised_draws:
             pairs = standardised_pairs(self.config.draws_per_step)
-            draws = standard_normal(self.noise_rng, (pairs, self.target.ndim))
+            rng, draws = standard_normal(state.rng, (pairs, self.target.ndim))
             noise = [flow.standardised_antithetic(draws)]
         elif self.structure.low_rank:
             n_rules, r, rank = self._rule_shape()
             size, groups = n_rules * (r + 1) * (rank + 2), n_rules * r + 1
             # one draw from the generator per step: directions, radii and the diagonal's draws
-            draws = standard_normal(self.noise_rng, (size + groups * self.target.ndim,))
+            rng, draws = standard_normal(state.rng, (size + groups * self.target.ndim,))
             rules = draws[:size].reshape((n_rules, r + 1, rank + 2))
             diagonal = draws[size:].reshape((groups, self.target.ndim))
             noise, weights = flow.low_rank_rule(rules[:, :r, :rank], rules[:, r], diagonal)
@@ -417,22 +425,19 @@ class GF(FlowInference):
             n_rules, r, rank = self._rule_shape()
             size, locals_ = n_rules * (r + 1) * (rank + 2), len(self.structure.blocks[1])
             # one draw from the generator per step: directions, radii and the locals' signs
-            draws = standard_normal(self.noise_rng, (size + locals_,))
+            rng, draws = standard_normal(state.rng, (size + locals_,))
             rules = draws[:size].reshape((n_rules, r + 1, rank + 2))
             noise, weights = flow.hierarchical_rule(rules[:, :r, :rank], rules[:, r], draws[size:])
         else:
             n_rules, r, rank = self._rule_shape()
             # one draw from the generator per step: directions and radii are its columns
-            draws = standard_normal(self.noise_rng, (n_rules, r + 1, rank + 2))
+            rng, draws = standard_normal(state.rng, (n_rules, r + 1, rank + 2))
             points, weights = flow.spherical_radial(draws[:, :r, :rank], draws[:, r])
             ends = np.cumsum([f.type.shape[-1] for f in q.factor])
             noise = [
                 points[:, end - f.type.shape[-1] : end]
                 for f, end in zip(q.factor, ends, strict=True)
             ]
-        static = step.GFStatic(self.structure)
-        init = step.init_natural(values(q), static, self.target.dtype)
-        state = share_init(init, q, {"free_energy": "gf_free_energy"})
         new, info = step.natural_step(
             state,
             step.Noise(noise, weights),
@@ -440,7 +445,7 @@ class GF(FlowInference):
             self.learning_rates,
             static,
         )
-        return StepGraph(state, new, info)
+        return StepGraph(state, new._replace(rng=rng), info)
 
 
 def model_locals(target, centre: np.ndarray) -> Structure | None:

@@ -63,6 +63,7 @@ class FixedState(NamedTuple):
     q: GFState
     mean_moments: tuple
     factor_moments: tuple
+    rng: Variable | None = None  # the generator of the noise (set by the method, not the step)
 
 
 class NaturalState(NamedTuple):
@@ -70,6 +71,7 @@ class NaturalState(NamedTuple):
 
     q: GFState
     free_energy: Variable
+    rng: Variable | None = None  # the generator of the noise (set by the method, not the step)
 
 
 class Noise(NamedTuple):

@@ -591,23 +591,24 @@ class WVGD(FlowInference):
         q = self.approx.state
         j, d, m = q.particles.shape[0], self.target.ndim, self.config.draws_per_particle
         k = control_draws(len(q.particles.get_value()), d, m)
-        noise = standard_normal(self.noise_rng, (j, m + k, d))
         decay = 1.0 - 1.0 / float(self.config.weight_memory)
         dtype = self.target.dtype
         if options.auto:
             static = step.WVGDStatic(decay, control_draws=k)
             init = step.init_natural(values(q), static, dtype)
-            state = share_init(init, q, {"free_energy": "wvgd_free_energy"})
+            state = share_init(init, q, {"free_energy": "wvgd_free_energy"}, self.noise_rng)
+            rng, noise = standard_normal(state.rng, (j, m + k, d))
             new, info = step.natural_step(state, noise, self.target, self.learning_rates, static)
-            return StepGraph(state, new, info)
+            return StepGraph(state, new._replace(rng=rng), info)
         fields = (q.particles, q.local_means, q.local_log_scales)
         transforms = [options.chain(particle_axes=(0,)) for _ in fields]
         static = step.WVGDStatic(decay, transforms, options.more_obj_params, k)
         init = step.init_fixed(values(q), static, dtype)
         moments = [(v.name, v.get_value(borrow=True).shape, v.type.shape) for v in fields]
-        state = share_init(init, q, {"moments": moments})
+        state = share_init(init, q, {"moments": moments}, self.noise_rng)
+        rng, noise = standard_normal(state.rng, (j, m + k, d))
         new, info = step.fixed_step(state, noise, self.target, self.learning_rates, static)
-        return StepGraph(state, new, info)
+        return StepGraph(state, new._replace(rng=rng), info)
 
     def _finish(self, reason: str) -> None:
         if self.target.minibatch and len(self.hist):

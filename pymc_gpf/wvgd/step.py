@@ -193,6 +193,7 @@ class FixedState(NamedTuple):
 
     q: WVGDState
     moments: tuple
+    rng: Variable | None = None  # the generator of the noise (set by the method, not the step)
 
 
 class NaturalState(NamedTuple):
@@ -200,6 +201,7 @@ class NaturalState(NamedTuple):
 
     q: WVGDState
     free_energy: Variable
+    rng: Variable | None = None  # the generator of the noise (set by the method, not the step)
 
 
 def _info(cells: Cells, new: WVGDState, noise: Variable, free_energy: Variable, **more) -> Info:
