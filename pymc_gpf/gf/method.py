@@ -293,7 +293,7 @@ class GF(FlowInference):
         mean = initial_centre(self.target, self._start, config.init, self._init_rng)
         find = partial(self._find_locals, mean)
         if config.structure == AUTO:
-            structure = automatic_structure(self.target, find, config.rank is None)
+            structure = automatic_structure(self.target, find, config.rank is not None)
         else:
             structure = parse_structure(config.structure, self.target, find)
         rank = check_rank(config.rank, structure, d)

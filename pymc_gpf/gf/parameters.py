@@ -95,20 +95,22 @@ def standardised_pairs(draws_per_step) -> int:
 
 
 def automatic_structure(
-    target, find_locals: Callable[[], Structure | None], low_rank: bool = True
+    target, find_locals: Callable[[], Structure | None], rank_given: bool = False
 ) -> Structure:
     """GF's ``structure="auto"``: the hierarchical structure (``find_locals``) above
     :data:`HIERARCHICAL_MIN_DIM` coordinates where the model has locals and at most
     :data:`MAX_ROTATION_DIM` globals, else full rank up to :data:`MAX_FULL_RANK_DIM`
-    coordinates and the low-rank structure above (unless not ``low_rank``: GF with a given
-    ``rank``, the paper's ``K``-column factor). At ``D`` = 52 the arrow and full rank cost
-    the same on a hierarchical normal; at 102 the arrow is 2.3 times faster, at 202 3.5
-    times (same q)."""
+    coordinates and the low-rank structure above; with a ``rank_given`` (GF's ``rank=``),
+    full: the paper's ``K``-column factor, which neither of the others has. At ``D`` = 52
+    the arrow and full rank cost the same on a hierarchical normal; at 102 the arrow is 2.3
+    times faster, at 202 3.5 times (same q)."""
+    if rank_given:
+        return parse_structure("full", target)
     if target.ndim > HIERARCHICAL_MIN_DIM:
         found = find_locals()
         if found is not None and (found.diagonal or len(found.blocks[0]) <= MAX_ROTATION_DIM):
             return found
-    if low_rank and target.ndim > MAX_FULL_RANK_DIM:
+    if target.ndim > MAX_FULL_RANK_DIM:
         return parse_structure("low-rank", target)
     return parse_structure("full", target)
 

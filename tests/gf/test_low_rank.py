@@ -20,6 +20,7 @@ from pymc_gpf.gf.parameters import (
     automatic_structure,
     low_rank_rank,
 )
+from pymc_gpf.structure import parse_structure
 
 
 def _diagonal_plus_low_rank(d: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -101,14 +102,21 @@ def low_rank_posterior():
     return mu, cov, model, approx
 
 
+def _returns(value):
+    return lambda: value
+
+
 def test_auto_chooses_low_rank_above_full_rank_dimensions():
     """``structure="auto"`` without locals: full rank up to ``D = 1000``, diagonal plus low
     rank above (a full factor would hold ``D^2`` numbers and cost ``O(D^3)`` a step)."""
     for d, kind in ((MAX_FULL_RANK_DIM, "full"), (MAX_FULL_RANK_DIM + 1, "low-rank")):
         target = SimpleNamespace(ndim=d, coordinates=[SimpleNamespace(rv_name="x")])
         assert automatic_structure(target, lambda: None).kind == kind
-        # a given rank asks for the paper's K-column factor
-        assert automatic_structure(target, lambda: None, low_rank=False).kind == "full"
+        # a given rank asks for the paper's K-column factor, even where the model has locals
+        # (the speed section's GF rank 10 raised "structure='diagonal' has one scale per
+        # coordinate" on its independent normals: the locals' structure was chosen first)
+        for found in (None, parse_structure("diagonal", target)):
+            assert automatic_structure(target, _returns(found), rank_given=True).kind == "full"
 
 
 def test_a_gaussian_posterior_of_the_family_is_fitted_exactly(low_rank_posterior):
