@@ -339,7 +339,7 @@ class FlowInference(Inference):
         if hasattr(self, "noise_rng"):
             self.noise_rng.set_value(noise, borrow=True)
         else:
-            # the ``rng`` of a step that draws (its checkpoint key, as before it was one)
+            # a drawing step's state holds it as ``rng``; its name is the checkpoint's key
             self.noise_rng = pytensor.shared(noise, name="noise_rng")
 
     def fit(self, n=None, score=None, callbacks=None, progressbar=True,
