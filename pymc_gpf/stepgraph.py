@@ -321,18 +321,17 @@ def _guard(graph: StepGraph, updates: dict, keys: dict, state: dict):
     rejected when the new state is not finite (the state stays) or when the current
     state turns out to have a non-finite free energy (roll back to the previous one),
     so the state kept always has a finite free energy: the last good one."""
+    # a generator advances whatever the step: a retried step draws afresh
+    guarded = {var: value for var, value in updates.items() if is_generator(var)}
+    for var in guarded:
+        _add_state(state, keys[var], var)
+    arrays = {var: value for var, value in updates.items() if var not in guarded}
     here_ok = pt.isfinite(graph.info.free_energy)
     next_ok = here_ok
-    for var, value in updates.items():
-        if not is_generator(var):
-            next_ok = next_ok & pt.all(pt.isfinite(value))
-    guarded = {}
-    for var, value in updates.items():
+    for value in arrays.values():
+        next_ok = next_ok & pt.all(pt.isfinite(value))
+    for var, value in arrays.items():
         key = keys[var]
-        if is_generator(var):  # advances whatever the step: a retry draws afresh
-            guarded[var] = value
-            _add_state(state, key, var)
-            continue
         previous = pytensor.shared(var.get_value(), name=f"{key}_previous")
         guarded[var] = pt.switch(next_ok, value, pt.switch(here_ok, var, previous))
         guarded[previous] = pt.switch(next_ok, var, previous)

@@ -127,7 +127,9 @@ def test_the_step_maps_its_state_to_the_same_state(regression_data, method, inf_
         assert init.rng is None
         init = init._replace(rng=state.rng)
     _assert_same_structure(state, init, type(state).__name__)
-    for var, value in zip(leaves(state)[: len(pairs)], leaves(init)[: len(pairs)], strict=True):
+    for var, value in zip(leaves(state), leaves(init), strict=True):
+        if is_generator(var):
+            continue
         held = var.get_value(borrow=True)
         assert (np.shape(value), np.asarray(value).dtype) == (held.shape, held.dtype), var.name
 
