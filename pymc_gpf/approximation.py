@@ -28,6 +28,12 @@ from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.importance import ImportancePool, capped
 from pymc_gpf.modes import search_modes
 from pymc_gpf.persistence import save, to_datatree
+from pymc_gpf.subsample import (
+    FIRST_ROWS,
+    MAX_SHARE,
+    SubsampledLogDensity,
+    subsampled_log_density,
+)
 from pymc_gpf.verdict import Verdict, importance_check, importance_verdict, modes_verdict
 
 # points per log-density call: as many as keep one call within about 2^18 data terms. Each
@@ -69,6 +75,8 @@ class FlowApproximation:
         # pool PSIS-corrected draws last resampled from (that one extended, if it was)
         self._judged: tuple[int, ImportancePool] | None = None
         self._extended: tuple[int, ImportancePool] | None = None
+        # the subsample whose log p the last importance weights read (pymc_gpf.subsample)
+        self.subsample: SubsampledLogDensity | None = None
 
     # -------------------------------------------------------------- PyMC's interface
     model = property(lambda self: self.inference.model, doc="The PyMC model.")
@@ -124,15 +132,50 @@ class FlowApproximation:
         fn = self._compiled_for("logp", functools.partial(self.target.compile_logp, full_data=True))
         return np.concatenate(self._in_chunks(fn, points)).astype(float)
 
-    def _in_chunks(self, fn, points: np.ndarray) -> list:
+    def _in_chunks(self, fn, points: np.ndarray, rows: np.ndarray | None = None) -> list:
         """``fn`` of the checked ``points``, one call per chunk of :data:`LOGP_TERMS` data
         terms, on the fit's BLAS threads (also outside a fit: diagnose, PSIS draws), with
         the data the fit was made on (``pm.set_data`` since, for predictions, would judge
-        and reweight q against data it never saw)."""
+        and reweight q against data it never saw); ``rows``: only those rows of
+        ``pm.Minibatch`` data, passed on to ``fn``."""
         points = self._check_points(points)
-        size = int(np.clip(LOGP_TERMS // self.target.data_size, MIN_CHUNK, MAX_CHUNK))
+        terms = self.target.data_size
+        if rows is not None:
+            terms = max(1, terms * len(rows) // self.target.subsample_rows)
+        size = int(np.clip(LOGP_TERMS // terms, MIN_CHUNK, MAX_CHUNK))
+        extra = () if rows is None else (rows,)
         with self.inference.blas_threads(), self.target.with_data(self.inference.fitted_data):
-            return [fn(points[i : i + size]) for i in range(0, len(points), size)]
+            return [fn(points[i : i + size], *extra) for i in range(0, len(points), size)]
+
+    def weights_log_density(self, proposal, rng: np.random.Generator):
+        """``log p`` for importance weights of draws of ``proposal``: :meth:`log_density`,
+        or where ``pm.Minibatch`` data are large its estimate from a subsample of their rows
+        (:mod:`pymc_gpf.subsample`, rows and calibration draws from ``rng``), then kept as
+        :attr:`subsample`."""
+        self.subsample = None
+        rows = self.target.subsample_rows if self.target.minibatch else None
+        if rows is None or FIRST_ROWS > MAX_SHARE * rows or proposal.degenerate:
+            return self.log_density
+        compile_fn = self.target.compile_subsample_logp
+        evaluate = self._compiled_for("subsample_logp", compile_fn)
+        gradient = self._compiled_for(
+            "subsample_logp_dlogp", functools.partial(compile_fn, gradient=True)
+        )
+
+        def log_p(points, part):
+            return np.concatenate(self._in_chunks(evaluate, points, part)).astype(float)
+
+        def with_gradient(points, part):
+            chunks = self._in_chunks(gradient, points, part)
+            return (np.concatenate([c[0] for c in chunks]).astype(float),
+                    np.concatenate([c[1] for c in chunks]).astype(float))  # fmt: skip
+
+        step = HESSIAN_STEP[np.dtype(self.target.dtype).itemsize < 8]
+        self.subsample = subsampled_log_density(
+            rows, log_p, with_gradient, self.full_log_densities_and_gradients, proposal, rng,
+            step,
+        )  # fmt: skip
+        return self.log_density if self.subsample is None else self.subsample
 
     # ------------------------------------------------------------------ the verdict
     # what to use where q cannot represent the posterior. NUTS first: on the 12 posteriors
@@ -160,7 +203,13 @@ class FlowApproximation:
         with np.errstate(all="ignore"):
             check = importance_check(self, rng, max_draws=max_draws)
         self._judged = (len(self.hist), check.pool)
-        return importance_verdict(check, self.alternative, time.perf_counter() - start)
+        verdict = importance_verdict(check, self.alternative, time.perf_counter() - start)
+        if self.subsample is None:
+            return verdict
+        subsample = self.subsample
+        numbers = {"subsample_rows": subsample.size, "subsample_noise": subsample.noise}
+        cause = verdict.cause + subsample.describe(self.target.subsample_rows)
+        return replace(verdict, cause=cause, numbers=verdict.numbers | numbers)
 
     def judged_pool(self, size: int) -> ImportancePool:
         """The draws the fit's verdict judged, extended to at least ``size`` draws of q:
@@ -279,7 +328,7 @@ class FlowApproximation:
                     raise ValueError(
                         f"PSIS needs a density for q, but {undefined}. Pass regularize=True."
                     )
-                pool = ImportancePool(q, self.log_density, rng).grow_to(size)
+                pool = ImportancePool(q, self.weights_log_density(q, rng), rng).grow_to(size)
             log_p, log_q, _, from_q = pool.arrays
             diagnosis_of(self, pool.proposal, log_p[from_q], log_q[from_q])
             flat = pool.resample(int(draws), rng)

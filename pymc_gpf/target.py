@@ -367,21 +367,28 @@ def _own_generators(logp: Variable) -> dict[Variable, SharedVariable]:
 
 
 def _full_data_logp(
-    model: pm.Model, point: dict[str, np.ndarray], value_vars: list[Variable]
+    model: pm.Model,
+    point: dict[str, np.ndarray],
+    value_vars: list[Variable],
+    rows: Variable | None = None,
 ) -> tuple[Variable, Variable]:
     """The log-density of ``model`` with ``pm.Minibatch`` data replaced by the whole data set
-    (``total_size`` scaling then 1), as a graph of a new flat input: ``(logp, flat)``."""
+    (``total_size`` scaling then 1), as a graph of a new flat input: ``(logp, flat)``. With
+    ``rows`` (an integer vector) the data are those rows instead, scaled by ``total_size``
+    over their number as a minibatch is (:meth:`BatchedTarget.subsample_rows`)."""
     fgraph, _ = fgraph_from_model(model)  # a copy: the user's model is not touched
-    for node in list(fgraph.apply_nodes):
-        if isinstance(node.op, MinibatchRandomVariable):
-            # total_size scaling is 1 on the whole data set; and PyMC's make_node cannot
-            # rebuild a node whose total_size has a None entry, so it goes first, in place
-            fgraph.replace(node.outputs[0], node.inputs[0], import_missing=True)
+    if rows is None:
+        for node in list(fgraph.apply_nodes):
+            if isinstance(node.op, MinibatchRandomVariable):
+                # total_size scaling is 1 on the whole data set; and PyMC's make_node cannot
+                # rebuild a node whose total_size has a None entry, so it goes first, in place
+                fgraph.replace(node.outputs[0], node.inputs[0], import_missing=True)
     replace = {}
     for node in fgraph.apply_nodes:
         if isinstance(node.op, MinibatchOp):
             # the Op's last input and output are its random generator and its update
-            replace.update(zip(node.outputs[:-1], node.inputs[:-1], strict=True))
+            data = node.inputs[:-1] if rows is None else [v[rows] for v in node.inputs[:-1]]
+            replace.update(zip(node.outputs[:-1], data, strict=True))
     # the minibatch's static length is in the types downstream: rebuild them
     outputs = clone_replace(fgraph.outputs, replace, rebuild_strict=False)
     full_graph = FunctionGraph(outputs=outputs, clone=False)
@@ -735,6 +742,37 @@ class BatchedTarget(_FlatLayout):
         points = self.rows("points")
         [logp] = vectorize_rows([self._full_data_logp], self._flat, points, what="log-density")
         return compile_function([points], [logp, pytensor.grad(logp.sum(), points)], backend)
+
+    def compile_subsample_logp(self, backend: str | None = None, gradient: bool = False):
+        """``(X (S, D), rows) -> logp (S,)`` (and ``dlogp (S, D)`` with ``gradient``) with
+        ``pm.Minibatch`` data replaced by the given ``rows`` of the whole data set, scaled as
+        a minibatch of them (:attr:`subsample_rows`)."""
+        points, rows = self.rows("points"), pt.lvector("data_rows")
+        graph, flat = _full_data_logp(self.model, self._point, self.value_vars, rows)
+        graph = graph_replace([graph], {flat: self._flat}, strict=False)[0]
+        [logp] = vectorize_rows([graph], self._flat, points, what="log-density")
+        outputs = [logp, pytensor.grad(logp.sum(), points)] if gradient else logp
+        return compile_function([points, rows], outputs, backend)
+
+    @cached_property
+    def subsample_rows(self) -> int | None:
+        """The rows ``n`` of the data every ``pm.Minibatch`` slices, where one index of
+        rows can stand for a minibatch of all of them (the same length, and ``total_size``
+        ``n`` on every minibatched observation); ``None`` otherwise."""
+        lengths = {
+            int(var.owner.inputs[0].shape[0].eval())
+            for var in ancestors([self._logp])
+            if var.owner is not None and isinstance(var.owner.op, MinibatchOp)
+        }
+        if len(lengths) != 1:
+            return None
+        [n] = lengths
+        for rv in self.model.observed_RVs:
+            if isinstance(rv.owner.op, MinibatchRandomVariable):
+                size = rv.owner.inputs[1] if len(rv.owner.inputs) > 1 else None
+                if not isinstance(size, Constant) or size.data.item() != n:
+                    return None
+        return n
 
     def logp(self, points: Variable, full_data: bool = False) -> Variable:
         """Per-row log-density ``(K,)`` of ``points`` ``(K, D)``, without the gradient;

@@ -291,7 +291,7 @@ def importance_check(
     to the constrained space (memory ``O(S + D)``, not ``O(S D)``). The check's ``pool``
     is that pool: PSIS-corrected draws resample from it."""
     proposal, own = approx.check_proposal(rng)
-    pool = ImportancePool(proposal, approx.log_density, rng, own)
+    pool = ImportancePool(proposal, approx.weights_log_density(proposal, rng), rng, own)
     names = [rv.name for rv in approx.model.free_RVs]
     # a large model: fewer draws (each a log-density of the data, mapping D numbers)
     max_draws = capped(max_draws, proposal.ndim)
