@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import time
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -147,14 +148,15 @@ class FlowApproximation:
         with self.inference.blas_threads(), self.target.with_data(self.inference.fitted_data):
             return [fn(points[i : i + size], *extra) for i in range(0, len(points), size)]
 
-    def weights_log_density(self, proposal, rng: np.random.Generator):
+    def weights_log_density(self, proposal, rng: np.random.Generator) -> Callable:
         """``log p`` for importance weights of draws of ``proposal``: :meth:`log_density`,
         or where ``pm.Minibatch`` data are large its estimate from a subsample of their rows
         (:mod:`pymc_gpf.subsample`, rows and calibration draws from ``rng``), then kept as
         :attr:`subsample`."""
         self.subsample = None
         rows = self.target.subsample_rows if self.target.minibatch else None
-        if rows is None or FIRST_ROWS > MAX_SHARE * rows or proposal.degenerate:
+        gaussian = isinstance(proposal, GaussianQ) and not proposal.degenerate
+        if rows is None or FIRST_ROWS > MAX_SHARE * rows or not gaussian:
             return self.log_density
         compile_fn = self.target.compile_subsample_logp
         evaluate = self._compiled_for("subsample_logp", compile_fn)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -59,6 +60,12 @@ class FittedApproximation(Protocol):
     ) -> tuple[Density | None, str | None]: ...  # (q to draw from or None, why not)
 
     def log_density(self, points: np.ndarray) -> np.ndarray: ...
+
+    # log p for importance weights of the proposal's draws: log_density, or an estimate of
+    # it (pymc_gpf.subsample; its rows from rng)
+    def weights_log_density(
+        self, proposal: Density, rng: np.random.Generator
+    ) -> Callable[[np.ndarray], np.ndarray]: ...
 
     def refine(self, n: int, **kwargs) -> FittedApproximation: ...
 

@@ -50,6 +50,9 @@ class _Gaussians:
     def log_density(self, points):
         return stats.norm.logpdf(points[:, 0]) + 7.0  # an unnormalised posterior
 
+    def weights_log_density(self, proposal, rng):
+        return self.log_density
+
     def constrained(self, points):
         return {"x": points[:, 0]}
 
