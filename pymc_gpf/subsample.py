@@ -14,8 +14,9 @@ with ``T`` and ``T_S`` the second-order Taylor expansions at ``a`` of ``log p`` 
 differences of the gradient along q's axes). It is exact to second order around ``a``; its
 error is the subsample's estimate of the terms beyond, a smooth function of ``x`` that
 shrinks as ``1 / sqrt(m)``: on that regression, over q's draws, 0.13 nats from 16 384 rows
-to first order only, 0.04 from 131 072. The spread of the error over q's draws (a constant
-error cancels in self-normalised weights) is measured from :data:`PARTS` independent parts of
+to first order only, 0.04 from 131 072. The spread of the error over the draws the weights
+are read at (q's and the defensive component's, the larger; a constant error cancels in
+self-normalised weights) is measured from :data:`PARTS` independent parts of
 ``S`` (the variance of their estimates, over their number, is that of their average), and
 ``m`` doubles until that spread is below :data:`NOISE` nats; where that would take more than
 :data:`MAX_SHARE` of the rows (or q has more than :data:`MAX_DIMENSIONS` coordinates), the
@@ -29,6 +30,8 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
+
+from pymc_gpf.importance import defensive
 
 __all__ = ["NOISE", "SubsampledLogDensity", "subsampled_log_density"]
 
@@ -84,7 +87,8 @@ class SubsampledLogDensity:
     """``log p`` at flat points from the rows ``parts`` (:data:`PARTS` independent parts of
     the subsample, each scaled as a minibatch of its rows, ``evaluate(points, rows)``) with
     the control variate at ``anchor``: the whole data set's expansion ``full`` and each
-    part's, ``expansions``; ``noise``: the spread of its error over q's draws (nats)."""
+    part's, ``expansions``; ``noise``: the spread of its error over q's draws or those of
+    q widened (:func:`pymc_gpf.importance.defensive`), the larger (nats)."""
 
     evaluate: Callable[[np.ndarray, np.ndarray], np.ndarray]
     parts: tuple[np.ndarray, ...]
@@ -101,7 +105,7 @@ class SubsampledLogDensity:
         """The clause a verdict from these weights adds (of a data set of ``rows`` rows)."""
         return (
             f" [log p from {self.size} of the {rows} rows with a second-order control "
-            f"variate at q's mean, its error spread over q's draws {self.noise:.2g} nats]"
+            f"variate at q's mean, its error's spread {self.noise:.2g} nats]"
         )
 
     def per_part(self, points: np.ndarray) -> np.ndarray:
@@ -140,7 +144,12 @@ def subsampled_log_density(
     if full is None:
         return None
     order = rng.permutation(rows)
-    draws = proposal.sample(CALIBRATION_DRAWS, rng)
+    # where the weights are read: q's draws and the defensive component's, farther out where
+    # the terms beyond second order are larger
+    draws = [proposal.sample(CALIBRATION_DRAWS, rng)]
+    wide = defensive(proposal)
+    if wide is not None:
+        draws.append(wide.sample(CALIBRATION_DRAWS, rng))
     size = FIRST_ROWS
     while size <= MAX_SHARE * rows:
         # the permutation's first rows, in parts: a larger subsample keeps the smaller's rows
@@ -151,8 +160,9 @@ def subsampled_log_density(
         if None in expansions:
             return None
         estimate = SubsampledLogDensity(evaluate, parts, anchor, full, tuple(expansions))
-        scatter = np.var(estimate.per_part(draws), axis=0, ddof=1)  # across parts, per draw
-        noise = float(np.sqrt(np.mean(scatter) / PARTS))
+        # across parts, per draw; the larger of the two components'
+        scatter = [np.var(estimate.per_part(x), axis=0, ddof=1) for x in draws]
+        noise = float(np.sqrt(max(np.mean(v) for v in scatter) / PARTS))
         if np.isfinite(noise) and noise <= NOISE:
             return replace(estimate, noise=noise)
         size *= 2

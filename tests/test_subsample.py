@@ -8,6 +8,7 @@ from scipy.special import expit
 
 import pymc_gpf
 
+from pymc_gpf.importance import defensive
 from pymc_gpf.subsample import FIRST_ROWS, NOISE
 
 ROWS = 2**16  # four times the first subsample: the least that uses one
@@ -39,11 +40,14 @@ def test_a_minibatch_fits_verdict_reads_log_p_from_a_subsample_within_its_stated
     checks = approx.outcome.checks
     assert checks["subsample_rows"] == FIRST_ROWS
     assert f"{FIRST_ROWS} of the {ROWS} rows" in approx.outcome.verdict_message
-    # against the whole data set at fresh draws of q: the error's spread, what moves the
-    # self-normalised weights, is within NOISE and not beyond what the parts measured (its
-    # expected size: over eight subsamples of this fit the spread was 0.36-1.3 times it)
-    points = approx.gaussian().sample(512, np.random.default_rng(0))
-    error = estimate(points) - approx.log_density(points)
-    spread = float(np.std(error, ddof=1))
-    assert spread <= NOISE
-    assert spread <= 2 * estimate.noise
+    # against the whole data set at fresh draws of q and of q widened (the defensive
+    # component): the error's spread, what moves the self-normalised weights, is within
+    # NOISE and not beyond what the parts measured (its expected size: over eight
+    # subsamples of this fit q's spread was 0.36-1.3 times it)
+    q, rng = approx.gaussian(), np.random.default_rng(0)
+    for proposal in (q, defensive(q)):
+        points = proposal.sample(512, rng)
+        error = estimate(points) - approx.log_density(points)
+        spread = float(np.std(error, ddof=1))
+        assert spread <= NOISE
+        assert spread <= 2 * estimate.noise
