@@ -47,7 +47,6 @@ CALIBRATION_DRAWS = 128  # q's draws that measure the spread of the estimate's e
 # D = 3, 2^16 rows), two estimates of a random function of few degrees of freedom
 PARTS = 8
 MAX_DIMENSIONS = 1000  # the Hessians are D x D, from 2 D gradients each
-STEP = (1e-4, 1e-2)  # the central differences' step in q's sds (float64, float32)
 
 
 class Taylor(NamedTuple):
@@ -128,14 +127,15 @@ def subsampled_log_density(
     full_gradient: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
     proposal,
     rng: np.random.Generator,
-    step: float = STEP[0],
+    step: float,
 ) -> SubsampledLogDensity | None:
     """The estimate for a data set of ``rows`` rows, from ``evaluate(points, rows)`` (log p
     on those rows), ``gradient(points, rows)`` (with its gradient) and ``full_gradient``
-    (of the whole data set), anchored at the Gaussian ``proposal``'s mean; its rows and
-    calibration draws from ``rng``. ``None`` where the whole data set is needed: too few
-    rows for a subsample whose error spreads by less than :data:`NOISE`, too many
-    coordinates, or log p not finite around the mean."""
+    (of the whole data set), anchored at the Gaussian ``proposal``'s mean, the Hessians'
+    differences ``step`` of q's sds long; its rows and calibration draws from ``rng``.
+    ``None`` where the whole data set is needed: too few rows for a subsample whose error
+    spreads by less than :data:`NOISE`, too many coordinates, or log p not finite around
+    the mean."""
     anchor = np.asarray(proposal.mean, dtype=float)
     if len(anchor) > MAX_DIMENSIONS or FIRST_ROWS > MAX_SHARE * rows:
         return None

@@ -366,6 +366,11 @@ def _own_generators(logp: Variable) -> dict[Variable, SharedVariable]:
     }
 
 
+def _is_minibatch(var: Variable) -> bool:
+    """Whether ``var`` is ``pm.Minibatch`` data (an output of its Op)."""
+    return var.owner is not None and isinstance(var.owner.op, MinibatchOp)
+
+
 def _full_data_logp(
     model: pm.Model,
     point: dict[str, np.ndarray],
@@ -762,16 +767,19 @@ class BatchedTarget(_FlatLayout):
         lengths = {
             int(var.owner.inputs[0].shape[0].eval())
             for var in ancestors([self._logp])
-            if var.owner is not None and isinstance(var.owner.op, MinibatchOp)
+            if _is_minibatch(var)
         }
         if len(lengths) != 1:
             return None
         [n] = lengths
         for rv in self.model.observed_RVs:
-            if isinstance(rv.owner.op, MinibatchRandomVariable):
-                size = rv.owner.inputs[1] if len(rv.owner.inputs) > 1 else None
-                if not isinstance(size, Constant) or size.data.item() != n:
-                    return None
+            data = [rv, self.model.rvs_to_values[rv]]
+            if not any(_is_minibatch(var) for var in ancestors(data)):
+                continue  # data of its own, read whole by the subsample too
+            scaled = isinstance(rv.owner.op, MinibatchRandomVariable)
+            size = rv.owner.inputs[1] if scaled and len(rv.owner.inputs) > 1 else None
+            if not isinstance(size, Constant) or size.data.item() != n:
+                return None  # total_size not n: a subsample would not be scaled to the data
         return n
 
     def logp(self, points: Variable, full_data: bool = False) -> Variable:
