@@ -29,12 +29,7 @@ from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.importance import ImportancePool, capped
 from pymc_gpf.modes import search_modes
 from pymc_gpf.persistence import save, to_datatree
-from pymc_gpf.subsample import (
-    FIRST_ROWS,
-    MAX_SHARE,
-    SubsampledLogDensity,
-    subsampled_log_density,
-)
+from pymc_gpf.subsample import SubsampledLogDensity, subsample_applies, subsampled_log_density
 from pymc_gpf.verdict import Verdict, importance_check, importance_verdict, modes_verdict
 
 # points per log-density call: as many as keep one call within about 2^18 data terms. Each
@@ -119,7 +114,14 @@ class FlowApproximation:
         """``log p(x, y)`` ``(S,)`` (``-inf`` where it is not finite) and its gradient
         ``(S, D)`` at flat points ``(S, D)``, of the whole data set, in batched calls."""
         fn = self._compiled_for("full_logp_dlogp", self.target.compile_full_logp_dlogp)
-        chunks = self._in_chunks(fn, points)
+        return self._values_and_gradients(fn, points)
+
+    def _values_and_gradients(
+        self, fn, points: np.ndarray, rows: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(log p, gradient)`` from the compiled ``fn`` in chunks (:meth:`_in_chunks`),
+        ``-inf`` and 0 where either is not finite."""
+        chunks = self._in_chunks(fn, points, rows)
         log_p = np.concatenate([c[0] for c in chunks]).astype(float)
         grad = np.concatenate([c[1] for c in chunks]).astype(float)
         bad = ~(np.isfinite(log_p) & np.all(np.isfinite(grad), axis=1))
@@ -156,7 +158,7 @@ class FlowApproximation:
         self.subsample = None
         rows = self.target.subsample_rows if self.target.minibatch else None
         gaussian = isinstance(proposal, GaussianQ) and not proposal.degenerate
-        if rows is None or FIRST_ROWS > MAX_SHARE * rows or not gaussian:
+        if not (gaussian and subsample_applies(rows, self.target.ndim)):
             return self.log_density
         compile_fn = self.target.compile_subsample_logp
         evaluate = self._compiled_for("subsample_logp", compile_fn)
@@ -167,15 +169,10 @@ class FlowApproximation:
         def log_p(points, part):
             return np.concatenate(self._in_chunks(evaluate, points, part)).astype(float)
 
-        def with_gradient(points, part):
-            chunks = self._in_chunks(gradient, points, part)
-            return (np.concatenate([c[0] for c in chunks]).astype(float),
-                    np.concatenate([c[1] for c in chunks]).astype(float))  # fmt: skip
-
         step = HESSIAN_STEP[np.dtype(self.target.dtype).itemsize < 8]
         self.subsample = subsampled_log_density(
-            rows, log_p, with_gradient, self.full_log_densities_and_gradients, proposal, rng,
-            step,
+            rows, log_p, functools.partial(self._values_and_gradients, gradient),
+            self.full_log_densities_and_gradients, proposal, rng, step,
         )  # fmt: skip
         return self.log_density if self.subsample is None else self.subsample
 

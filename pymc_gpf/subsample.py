@@ -33,7 +33,7 @@ import numpy as np
 
 from pymc_gpf.importance import defensive
 
-__all__ = ["NOISE", "SubsampledLogDensity", "subsampled_log_density"]
+__all__ = ["NOISE", "SubsampledLogDensity", "subsample_applies", "subsampled_log_density"]
 
 # the spread over q's draws of the estimate's error, in nats, below which it stands for log p:
 # weights off by exp(0.02 z) move an importance-weighted mean by at most 0.02 posterior sds
@@ -123,6 +123,12 @@ class SubsampledLogDensity:
         return self.full.at(points - self.anchor) + self.per_part(points).mean(axis=0)
 
 
+def subsample_applies(rows: int | None, ndim: int) -> bool:
+    """Whether a data set of ``rows`` rows (``None``: no one index of rows stands for the
+    data) and a q of ``ndim`` coordinates may have their log p from a subsample."""
+    return rows is not None and FIRST_ROWS <= MAX_SHARE * rows and ndim <= MAX_DIMENSIONS
+
+
 def subsampled_log_density(
     rows: int,
     evaluate: Callable[[np.ndarray, np.ndarray], np.ndarray],
@@ -136,12 +142,10 @@ def subsampled_log_density(
     on those rows), ``gradient(points, rows)`` (with its gradient) and ``full_gradient``
     (of the whole data set), anchored at the Gaussian ``proposal``'s mean, the Hessians'
     differences ``step`` of q's sds long; its rows and calibration draws from ``rng``.
-    ``None`` where the whole data set is needed: too few rows for a subsample whose error
-    spreads by less than :data:`NOISE`, too many coordinates, or log p not finite around
-    the mean."""
+    Where :func:`subsample_applies`; ``None`` where the whole data set is needed: too few
+    rows for a subsample whose error spreads by less than :data:`NOISE`, or log p not finite
+    around the mean."""
     anchor = np.asarray(proposal.mean, dtype=float)
-    if len(anchor) > MAX_DIMENSIONS or FIRST_ROWS > MAX_SHARE * rows:
-        return None
     factor = np.linalg.cholesky(proposal.covariance())
     full = expansion(full_gradient, anchor, factor, step)
     if full is None:
