@@ -116,10 +116,9 @@ def langevin_step(
     """Move by the drift of the state at the step size ``rates[0]``, evaluate there; a
     move that is non-finite or (on the whole data set) lowers some particle's ``log p`` by
     more than :data:`~pymc_gpf.ensemble.flow.MAX_LOG_DENSITY_DROP` is refused (the state
-    kept).
-    ``noise`` is ``N(0, I)`` draws ``(N, D)`` and, to precondition, ``(N, K)`` more for the
-    factor (``None``: the paper's plain scheme, ``M = I``). The info's free energy is the
-    objective (mean ``V`` plus the MMD term); its extras ``mean_v``, ``mmd`` and
+    kept). ``noise`` is ``N(0, I)`` draws ``(N, D)`` and, to precondition, ``(N, K)`` more
+    for the factor (``None``: the paper's plain scheme, ``M = I``). The info's free energy
+    is the objective (mean ``V`` plus the MMD term); its extras ``mean_v``, ``mmd`` and
     ``bandwidth``."""
     temperature, repulsion, bandwidth = static
     eta = rates[0] * state.ready  # 0 on the first call: evaluate where the particles are
