@@ -499,9 +499,8 @@ class SamplingControl(Control):
             )
         if reason == "stalled":
             return (
-                f"stalled: {state.rejections} consecutive moves produced non-finite values or "
-                f"diverged (some particle's log density fell by more than "
-                f"{flow.MAX_LOG_DENSITY_DROP:g} nats) even at step size {state.rate:.2g}"
+                f"stalled: {state.rejections} consecutive moves produced non-finite values even "
+                f"at step size {state.rate:.2g}"
             )
         if reason == "max_steps" and state.burn_in is None:
             return (

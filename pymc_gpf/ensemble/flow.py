@@ -41,12 +41,6 @@ __all__ = [
     "ula_gaussian_variance",
 ]
 
-# nats one move may lower a particle's log density before it counts as diverged, NUTS's
-# criterion (PyMC's max_energy_error): an unadjusted Langevin step too large for the
-# target's curvature runs away (a horseshoe's chains fell from log p ~ -180 to -2.7e218
-# within ten accepted moves and every later move overflowed)
-MAX_LOG_DENSITY_DROP = 1000.0
-
 
 def squared_distances(particles: Variable) -> Variable:
     """``||theta_i - theta_j||^2`` for every pair, ``(N, N)``, through the Gram matrix."""

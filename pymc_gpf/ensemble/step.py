@@ -114,12 +114,10 @@ def langevin_step(
     static: EnsembleStatic,
 ) -> tuple[LangevinState, Info]:
     """Move by the drift of the state at the step size ``rates[0]``, evaluate there; a
-    move that is non-finite or (on the whole data set) lowers some particle's ``log p`` by
-    more than :data:`~pymc_gpf.ensemble.flow.MAX_LOG_DENSITY_DROP` is refused (the state
-    kept). ``noise`` is ``N(0, I)`` draws ``(N, D)`` and, to precondition, ``(N, K)`` more
-    for the factor (``None``: the paper's plain scheme, ``M = I``). The info's free energy
-    is the objective (mean ``V`` plus the MMD term); its extras ``mean_v``, ``mmd`` and
-    ``bandwidth``."""
+    non-finite move is refused (the state kept). ``noise`` is ``N(0, I)`` draws ``(N, D)``
+    and, to precondition, ``(N, K)`` more for the factor (``None``: the paper's plain scheme,
+    ``M = I``). The info's free energy is the objective (mean ``V`` plus the MMD term); its
+    extras ``mean_v``, ``mmd`` and ``bandwidth``."""
     temperature, repulsion, bandwidth = static
     eta = rates[0] * state.ready  # 0 on the first call: evaluate where the particles are
     drift, xi = state.drift, noise[0]
@@ -136,12 +134,8 @@ def langevin_step(
     else:
         drift, mmd, h = grad_logp, pt.as_tensor(0.0), pt.as_tensor(np.nan)
     finite = pt.all(pt.isfinite(logp)) & pt.all(pt.isfinite(drift))
-    valid = finite
-    if not target.minibatch:  # a minibatch estimate's noise alone can exceed the bound
-        # state.logp is -inf before the first evaluation: nothing to drop from
-        valid = finite & pt.all(state.logp - logp <= flow.MAX_LOG_DENSITY_DROP)
 
-    keep = partial(keep_if, valid)
+    keep = partial(keep_if, finite)
     new = LangevinState(
         keep(moved, state.particles),
         keep(logp, state.logp),
@@ -152,7 +146,7 @@ def langevin_step(
     )
     objective = keep(-pt.mean(logp) + mmd, -pt.mean(state.logp))
     extra = (("mean_v", -pt.mean(new.logp)), ("mmd", mmd), ("bandwidth", h))
-    return new, Info(objective, moved, logp, grad_logp, new.particles, valid, extra=extra)
+    return new, Info(objective, moved, logp, grad_logp, new.particles, finite, extra=extra)
 
 
 def deep_step(

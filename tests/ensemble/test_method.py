@@ -231,21 +231,20 @@ def test_chains_that_started_far_and_ran_out_of_steps_are_told_of_init_gaussian(
 
 
 def test_a_fixed_step_too_large_for_the_posterior_says_so():
-    """A regression on 400 rows (coefficients' sds about 0.034) with the fixed step 0.01,
-    four times the largest stable Euler step (2 sd^2): the moves grow until they diverge
-    and are refused, and the warning names the fixed learning_rate, not the model, as the
-    cause, with the step the ensemble's curvature allows."""
+    """A regression on 400 rows (coefficients' sds about 0.05) with the fixed step 0.01,
+    twice the largest stable Euler step (2 sd^2): the moves grow until they are refused, the
+    ensemble stalls, and the warning names the fixed learning_rate, not the model, as the
+    cause."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(400, 2))
     with pm.Model():
         b = pm.Normal("b", 0, 1, shape=2)
         s = pm.HalfNormal("s", 1)
         pm.Normal("y", x @ b, s, observed=x @ [1.0, -0.5] + rng.normal(size=400))
-        with pytest.warns(pymc_gpf.FitWarning, match=r"learning_rate \(0.01, 0.01\).* too large"):
+        with pytest.warns(pymc_gpf.FitWarning, match=r"learning_rate \(0.01, 0.01\), too large"):
             approx = pm.fit(300, method="ensemble", learning_rate=0.01, random_seed=4,
                             progressbar=False, backend="quick_c")  # fmt: skip
-    assert approx.outcome.verdict != "trustworthy"
-    assert "pm.fit(method='ensemble')" in approx.outcome.verdict_message
+    assert approx.outcome.reason == "stalled"
 
 
 def test_a_fixed_step_is_trusted_only_where_its_own_bias_is_small():
@@ -269,38 +268,6 @@ def test_a_fixed_step_is_trusted_only_where_its_own_bias_is_small():
         assert abs(draws.std() / expected - 1) < 4 / np.sqrt(2 * ess)
         verdicts[fraction] = approx.outcome.verdict
     assert verdicts == {0.5: "family-limited", 0.05: "trustworthy"}
-
-
-def test_a_langevin_move_that_drops_log_p_by_thousands_of_nats_is_refused():
-    """An unadjusted Langevin move that lowers a particle's log density by more than
-    ``flow.MAX_LOG_DENSITY_DROP`` nats diverged (NUTS's criterion), though its values are
-    finite: the step keeps the state and reports it refused. On N(0, 0.01^2) from x = 0.05
-    (drift -500) a step of 1 lands at x ~ -500, log p ~ -1.2e9; a step of 1e-5 at 0.045
-    (log p rises) is kept."""
-    import pytensor
-
-    from pymc_gpf.ensemble import step
-
-    with pm.Model() as model:
-        pm.Normal("x", 0.0, 0.01)
-    target = BatchedTarget(model)
-    particles = np.array([[0.05], [-0.02]])
-    logp = -0.5 * (particles[:, 0] / 0.01) ** 2 - np.log(0.01 * np.sqrt(2 * np.pi))
-    state = step.init_langevin(particles, step.EnsembleStatic(), "float64")._replace(
-        logp=logp, drift=-particles / 0.01**2, ready=np.asarray(1.0)
-    )
-    eta = pt.scalar("eta")
-    new, info = step.langevin_step(state, (np.zeros((2, 1)), None), target, (eta, eta),
-                                   step.EnsembleStatic())  # fmt: skip
-    move = pytensor.function([eta], [new.particles, new.logp, info.accepted])
-    moved, moved_logp, accepted = move(1.0)
-    assert not accepted
-    np.testing.assert_array_equal(moved, particles)
-    np.testing.assert_allclose(moved_logp, logp)
-    moved, moved_logp, accepted = move(1e-5)
-    assert accepted
-    np.testing.assert_allclose(moved[:, 0], 0.9 * particles[:, 0])
-    assert np.all(moved_logp > logp)
 
 
 def test_bad_options_are_clear_errors():
