@@ -21,6 +21,7 @@ from pymc_gpf.ensemble.control import (
     MEAN_ACCURACY,
     MINIBATCH_ACCURACY,
     RIDGE,
+    STEP_PER_CURVATURE,
     SamplingControl,
     accuracy_ess,
     curvature,
@@ -129,7 +130,8 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
         if not (np.isfinite(largest) and largest > 0):
             return None
         product = rate * largest
-        inflation = float(1.0 / np.sqrt(1.0 - product / 2)) if product < 2 else np.inf
+        # in units of the stiffest direction's posterior variance 1 / L
+        inflation = float(np.sqrt(flow.ula_gaussian_variance(1.0, product)))
         if inflation <= 1.0 + MAX_STEP_SD_BIAS:
             return None
         given = inference.fit_options.learning_rate
@@ -144,10 +146,10 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
             FAMILY_LIMITED,
             f"the fixed learning_rate {given}{lowered} is too large for the posterior's "
             f"curvature: {effect} (step x largest curvature = {rate:.3g} x {largest:.3g} = "
-            f"{product:.3g}; the automatic step keeps it at 0.1, 2 is unstable), however "
-            "well the chains mix",
+            f"{product:.3g}; the automatic step keeps it at {STEP_PER_CURVATURE:g}, 2 is "
+            "unstable), however well the chains mix",
             f"Refit without learning_rate (pm.fit(method='{inference.name}')) for the "
-            f"automatic step, or with one at most {0.1 / largest:.2g}",
+            f"automatic step, or with one at most {STEP_PER_CURVATURE / largest:.2g}",
             {"step_sd_inflation": inflation, "curvature": largest},
         )
 
