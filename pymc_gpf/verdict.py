@@ -599,6 +599,8 @@ def fit_warning(name: str, outcome, verdict: Verdict) -> str:
     name = name.upper()
     if verdict.word == NOT_CONVERGED:
         text = f"{name} did not converge: {outcome.message}"
+        if verdict.cause not in outcome.message:  # the check of a fit that ran its course
+            text = f"{text}; {verdict.cause}"
     elif outcome.converged is None:
         text = (
             f"{name} ran the steps asked for without a convergence test (a fixed learning_rate "

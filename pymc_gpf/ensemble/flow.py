@@ -28,6 +28,7 @@ import pytensor.tensor as pt
 from pytensor.graph.basic import Variable
 
 __all__ = [
+    "drift_cap",
     "euler_maruyama",
     "factor_rows",
     "interaction_drift",
@@ -40,6 +41,11 @@ __all__ = [
     "ula_gaussian_covariance",
     "ula_gaussian_variance",
 ]
+
+
+# the longest drift move, in the preconditioner's sds times sqrt(D): a stable step moves a
+# particle at most 0.1 of its distance from the mode (eta L <= 0.1), about 0.1 sqrt(D) sds
+MAX_DRIFT_MOVE = 10.0
 
 
 def squared_distances(particles: Variable) -> Variable:
@@ -92,6 +98,18 @@ def euler_maruyama(
     if temperature:
         moved = moved + pt.sqrt(2.0 * temperature * step_size) * noise
     return moved
+
+
+def drift_cap(drift: Variable, preconditioned: Variable, step_size: Variable) -> Variable:
+    """The factor, per particle ``(N,)``, that shortens the drift's move ``eta M g``
+    (``g``: ``drift``, ``M g``: ``preconditioned``) to at most :data:`MAX_DRIFT_MOVE`
+    ``sqrt(D)`` in the metric ``M^(-1)``, where it is ``eta sqrt(g^T M g)``; exactly 1 on
+    every shorter move. A tamed scheme (Brosse et al. 2019) that no stable move meets; it
+    keeps a particle that landed where the gradient is huge from jumping on to
+    ``log p ~ -1e218`` (a horseshoe's chains did)."""
+    longest = MAX_DRIFT_MOVE * pt.sqrt(pt.cast(drift.shape[1], drift.dtype))
+    length = step_size * pt.sqrt(pt.sum(drift * preconditioned, axis=1))
+    return pt.switch(length > longest, longest / length, 1.0)
 
 
 DENSE_FACTOR = 4  # a factor of D rows up to D = 4 N still costs O(N^2 D) per step

@@ -136,21 +136,34 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
             return None
         given = inference.fit_options.learning_rate
         lowered = "" if rate == given[0] else f" (lowered to {rate:.3g} by refused moves)"
-        effect = (
-            f"the unadjusted Langevin chains' stationary sd in its stiffest direction is "
-            f"{inflation:.3g} times the posterior's"
-            if np.isfinite(inflation)
-            else "the unadjusted Langevin scheme is unstable in its stiffest direction"
+        numbers = {"step_sd_inflation": inflation, "curvature": largest}
+        refit = (
+            f"Refit without learning_rate (pm.fit(method='{inference.name}')) for the "
+            "automatic step"
         )
+        measured = (
+            f"(step x largest curvature = {rate:.3g} x {largest:.3g} = {product:.3g}; the "
+            f"automatic step keeps it at {STEP_PER_CURVATURE:g}, 2 is unstable)"
+        )
+        if not np.isfinite(inflation):
+            # the chains are where the unstable moves threw them (held by the drift's cap):
+            # neither their draws nor the curvature there tell the posterior's
+            return Verdict(
+                NOT_CONVERGED,
+                f"the fixed learning_rate {given}{lowered} is too large for the posterior's "
+                f"curvature: the unadjusted Langevin scheme is unstable where the chains "
+                f"went {measured}, so they do not sample the posterior",
+                refit,
+                numbers,
+            )
         return Verdict(
             FAMILY_LIMITED,
             f"the fixed learning_rate {given}{lowered} is too large for the posterior's "
-            f"curvature: {effect} (step x largest curvature = {rate:.3g} x {largest:.3g} = "
-            f"{product:.3g}; the automatic step keeps it at {STEP_PER_CURVATURE:g}, 2 is "
-            "unstable), however well the chains mix",
-            f"Refit without learning_rate (pm.fit(method='{inference.name}')) for the "
-            f"automatic step, or with one at most {STEP_PER_CURVATURE / largest:.2g}",
-            {"step_sd_inflation": inflation, "curvature": largest},
+            f"curvature: the unadjusted Langevin chains' stationary sd in its stiffest "
+            f"direction is {inflation:.3g} times the posterior's {measured}, however well the "
+            "chains mix",
+            f"{refit}, or with one at most {STEP_PER_CURVATURE / largest:.2g}",
+            numbers,
         )
 
     def draw(self, draws: int, rng: np.random.Generator) -> np.ndarray:

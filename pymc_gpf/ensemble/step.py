@@ -113,8 +113,9 @@ def langevin_step(
     rates: tuple[Variable, Variable],
     static: EnsembleStatic,
 ) -> tuple[LangevinState, Info]:
-    """Move by the drift of the state at the step size ``rates[0]``, evaluate there; a
-    non-finite move is refused (the state kept). ``noise`` is ``N(0, I)`` draws ``(N, D)``
+    """Move by the drift of the state at the step size ``rates[0]`` (the drift's move
+    capped, :func:`~pymc_gpf.ensemble.flow.drift_cap`), evaluate there; a non-finite move
+    is refused (the state kept). ``noise`` is ``N(0, I)`` draws ``(N, D)``
     and, to precondition, ``(N, K)`` more for the factor (``None``: the paper's plain scheme,
     ``M = I``). The info's free energy is the objective (mean ``V`` plus the MMD term); its
     extras ``mean_v``, ``mmd`` and ``bandwidth``."""
@@ -125,7 +126,8 @@ def langevin_step(
         diagonal, factor = state.preconditioner_diagonal, state.preconditioner_factor
         drift = flow.precondition(drift, diagonal, factor)
         xi = flow.preconditioned_noise(xi, noise[1], diagonal, factor)
-    moved = flow.euler_maruyama(state.particles, drift, xi, eta, temperature)
+    cap = flow.drift_cap(state.drift, drift, eta)
+    moved = flow.euler_maruyama(state.particles, cap[:, None] * drift, xi, eta, temperature)
     logp, grad_logp, _ = target.logp_and_grads(moved)
     if repulsion:
         interaction, kernel, h = _repulsion(moved, bandwidth)

@@ -58,3 +58,20 @@ def test_the_unadjusted_langevin_variance_on_a_gaussian():
     var = flow.ula_gaussian_variance(s2, eta)
     assert abs(theta.var() - var) < 5 * var * np.sqrt(2 / len(theta))
     assert flow.ula_gaussian_variance(s2, 2 * s2) == np.inf  # unstable at eta >= 2 s2
+
+
+def test_the_drift_cap_bounds_a_move_in_the_preconditioners_metric():
+    """``eta M g`` is ``eta sqrt(g^T M g)`` long in the metric ``M^(-1)``: a move shorter
+    than ``MAX_DRIFT_MOVE sqrt(D)`` keeps the factor exactly 1, a longer one is shortened to
+    that length (checked with ``M^(-1)`` written out)."""
+    rng = np.random.default_rng(4)
+    d = 3
+    b = rng.normal(size=(d, d))
+    metric = b @ b.T + np.eye(d)
+    drift = np.vstack([rng.normal(size=d), 1e4 * rng.normal(size=d)])
+    g, pre, eta = pt.matrix(), pt.matrix(), pt.scalar()
+    cap = pytensor.function([g, pre, eta], flow.drift_cap(g, pre, eta))(drift, drift @ metric, 0.1)
+    assert cap[0] == 1.0
+    move = 0.1 * cap[1] * drift[1] @ metric
+    length = np.sqrt(move @ np.linalg.solve(metric, move))
+    np.testing.assert_allclose(length, flow.MAX_DRIFT_MOVE * np.sqrt(d))
