@@ -115,7 +115,8 @@ class Decision(NamedTuple):
     code (:data:`REASONS`) or ``None`` to go on; ``params``, q's parameters to set (the
     average a stochastic fit ends on); ``preconditioner``, an ensemble's ``(diagonal,
     factor)`` to set; ``restart``, ``(particles, sources)`` index arrays: an ensemble's
-    particles that take the state of others. The step size is in the controller's state
+    particles that take the state of others; ``rescue``, an ensemble's particles to start
+    again at draws of the Gaussian fit it began with. The step size is in the controller's state
     (:meth:`Control.rate`), which the engine writes into the compiled step after every
     decision."""
 
@@ -123,6 +124,7 @@ class Decision(NamedTuple):
     params: list[np.ndarray] | None = None
     preconditioner: tuple[np.ndarray, np.ndarray] | None = None
     restart: tuple[np.ndarray, np.ndarray] | None = None
+    rescue: np.ndarray | None = None
 
 
 GO_ON = Decision()
@@ -614,6 +616,8 @@ class StochasticState(NamedTuple):
     # q's mean location in the last windows and its noise, (2, ...) each
     window_means: tuple[np.ndarray, ...] = ()
     window_sums: tuple[np.ndarray, ...] | None = None  # of q's parameters
+    # the fit started again from its initial mean at the curvature's scales (a stall)
+    restarted: int = 0
 
 
 @dataclass(frozen=True)
@@ -856,7 +860,13 @@ class Stochastic(Control):
         return state, GO_ON if iterate is None else Decision(params=list(iterate))
 
     def describe(self, state, reason):
-        return _stochastic_message(self, state, reason) or super().describe(state, reason)
+        message = _stochastic_message(self, state, reason) or super().describe(state, reason)
+        if state.restarted:
+            message += (
+                " (after draws of q reached where the log-density is not finite, the fit "
+                "started again from its initial mean with sds from the curvature there)"
+            )
+        return message
 
     def restored(self, saved):
         average = RunningAverage(**saved.pop("average"))

@@ -304,6 +304,10 @@ class SamplingState(NamedTuple):
     rejections: int = 0
     burn_in: int | None = None  # the step burn-in ended at
     restarted: int = 0  # particles restarted during burn-in (:func:`outlying`)
+    # a chain whose log p is below this when burn-in would end has not reached the posterior
+    # (set by the method from a trustworthy Gaussian fit); such chains start again once
+    lost_below: float = -math.inf
+    rescued: int = 0  # particles started again at the Gaussian fit's draws
     values: tuple[float, ...] = ()
     deviations: tuple[np.ndarray, ...] = ()  # the ensemble's deviations in this window
     last: tuple[np.ndarray, np.ndarray] | None = None  # the last particles, drift
@@ -458,6 +462,13 @@ class SamplingControl(Control):
             return state, decision
         previous, current = state.previous, _window_stats(values)
         if state.steps >= self.min_burn_in and not _falling(previous, current):
+            lost = np.flatnonzero(np.asarray(info["logp"]) < state.lost_below)
+            if lost.size:  # burn-in begins again, from the rescued particles
+                state = state._replace(
+                    lost_below=-math.inf, rescued=int(lost.size), last=None, previous=None,
+                    values=(), deviations=(),
+                )  # fmt: skip
+                return state, decision._replace(rescue=lost)
             state = state._replace(burn_in=state.steps)
             if self.adapt and self.minibatch_fraction < 1:
                 state = state._replace(rate=state.rate * self.minibatch_fraction)
@@ -483,7 +494,7 @@ class SamplingControl(Control):
         if len(state.trace.bandwidth):
             out["bandwidth_used"] = state.trace.bandwidth.items()[-1]
         out |= {"n_draws": len(state.kept()), "target_ess_used": self.target_ess}
-        out |= {"restarted_in_burn_in": state.restarted}
+        out |= {"restarted_in_burn_in": state.restarted, "rescued_in_burn_in": state.rescued}
         out |= {"ess": state.ess, "rhat": state.rhat}
         return out | {"rhat_excess": state.rhat_excess}
 

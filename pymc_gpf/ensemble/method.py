@@ -434,6 +434,14 @@ class Ensemble(FlowInference):
             "continues them"
         )
 
+    def _far_from_the_fit(self) -> bool:
+        """Whether the chains started farther than :func:`far_start` from the mean of a
+        Gaussian fit whose log-density under q is known."""
+        fit = self.own.start_fit
+        return "mean_logp" in fit and fit.get("initial_point_distance", 0.0) > far_start(
+            self.target.ndim
+        )
+
     def _below_the_posterior(self) -> tuple[float, float] | None:
         """``(median log p of the particles, E_q[log p] of the start's Gaussian fit)`` when
         the chains started far from that fit (:func:`far_start`) and their log-density is
@@ -441,9 +449,7 @@ class Ensemble(FlowInference):
         posterior's ``log p`` has sd ``sqrt(D / 2)`` in its typical set): chains crossing
         to the posterior, not chains in another mode of the same height."""
         fit = self.own.start_fit
-        if "mean_logp" not in fit or fit.get("initial_point_distance", 0.0) <= far_start(
-            self.target.ndim
-        ):
+        if not self._far_from_the_fit():
             return None
         median = float(np.median(np.asarray(self.approx.state.logp.get_value())))
         limit = fit["mean_logp"] - FAR_BELOW * np.sqrt(self.target.ndim / 2.0)
@@ -530,6 +536,14 @@ class Ensemble(FlowInference):
                 values = np.array(shared.get_value())  # a copy: JAX's arrays are immutable
                 values[worst] = values[best]
                 shared.set_value(values)
+        if decision.rescue is not None:
+            state, q = self.approx.state, self.own.start_q
+            particles = np.array(state.particles.get_value())
+            spread = q.sample(len(decision.rescue), self._method_rng) - q.mean
+            particles[decision.rescue] = q.mean + OVERDISPERSION * spread
+            state.particles.set_value(particles.astype(self.target.dtype))
+            # the next step evaluates log p and the drift there before it moves
+            state.ready.set_value(np.zeros((), dtype=self.target.dtype))
 
     def _target_ess(self) -> int:
         """``"auto"``: :func:`~pymc_gpf.ensemble.control.accuracy_ess` of ``D``; on
@@ -571,6 +585,13 @@ class Ensemble(FlowInference):
         if q is not None:
             self.approx.preconditioner(start_preconditioner(q, self.config.n_particles))
             self.revise_control(SamplingControl.keep_preconditioner)
+        if self._far_from_the_fit():
+            # q is trustworthy and the chains start far from it: one still FAR_BELOW sds of
+            # log p under q's typical values when burn-in would end is crossing to the
+            # posterior, not in a mode of its own, and starts again at q's draws (sblrc-blr's
+            # chains were 1 080 sds off after 10 000 steps, their log p 450 below)
+            limit = fit["mean_logp"] - FAR_BELOW * np.sqrt(self.target.ndim / 2.0)
+            self.revise_control(lambda state: state._replace(lost_below=limit))
 
     def checkpoint_extra(self) -> dict:
         # what _initialise decided (a loaded fit is rebuilt without running it again)

@@ -14,7 +14,7 @@ import pymc as pm
 import pytensor.tensor as pt
 import xarray as xr
 
-from pymc_gpf.approximation import GaussianApproximation
+from pymc_gpf.approximation import HESSIAN_STEP, GaussianApproximation
 from pymc_gpf.checks import renamed
 from pymc_gpf.datatree import settings_attrs
 from pymc_gpf.engine import FlowInference
@@ -32,7 +32,12 @@ from pymc_gpf.gf.parameters import (
 )
 from pymc_gpf.options import AUTO, FitOptions, resolve_natural_mean
 from pymc_gpf.protocols import Initialised
-from pymc_gpf.start import initial_centre, nonfinite_gradient
+from pymc_gpf.start import (
+    MAX_CURVATURE_DIM,
+    curvature_scales,
+    initial_centre,
+    nonfinite_gradient,
+)
 from pymc_gpf.stepgraph import StepGraph, share, share_init, standard_normal, values
 from pymc_gpf.structure import Structure, find_locals, parse_structure
 
@@ -327,6 +332,30 @@ class GF(FlowInference):
         for f in self.approx.shared_factors:
             f.set_value(f.get_value() * np.asarray(factor, dtype=f.dtype))
         return True
+
+    def _on_stop(self, reason: str, step_count: int) -> str | None:
+        """A stall (every draw batch reaching where the log-density is not finite) starts
+        the automatic fit again, once, from its initial mean with sds from the curvature
+        there (:func:`~pymc_gpf.start.curvature_scales`; narrowed by :attr:`narrowing` above
+        :data:`~pymc_gpf.start.MAX_CURVATURE_DIM`): a Gamma regression on a predictor in the
+        hundreds, started 0.1 wide in its slope (posterior sd 1.5e-4), threw its mean 1 500
+        sds out and stalled at every seed."""
+        if reason != "stalled" or not self.fit_options.auto or self.control_state.restarted:
+            return reason
+        centre, dtype = self._start_mean, self.target.dtype
+        scale = self.options_in_effect.init_scale
+        if len(centre) <= MAX_CURVATURE_DIM:
+            step = HESSIAN_STEP[np.dtype(dtype).itemsize < 8]
+            evaluate = self.approx.full_log_densities_and_gradients
+            scale = curvature_scales(evaluate, centre.astype(float), scale, step)
+        else:
+            scale = scale * self.narrowing
+        factors = initial_factors(self.structure, self.resolved.rank, scale, len(centre), dtype)
+        self.approx.shared_mean.set_value(centre.astype(dtype))
+        for shared, value in zip(self.approx.shared_factors, factors, strict=True):
+            shared.set_value(value)
+        self.revise_control(lambda state: self.control.init()._replace(restarted=1))
+        return None
 
     def _fitted_settings(self) -> dict:
         return {

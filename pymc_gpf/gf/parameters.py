@@ -143,19 +143,23 @@ def check_rank(rank: int | None, structure: Structure, ndim: int) -> int | None:
 
 
 def initial_factors(
-    structure: Structure, rank: int | None, scale: float, ndim: int, dtype: str
+    structure: Structure, rank: int | None, scale: float | np.ndarray, ndim: int, dtype: str
 ) -> list[np.ndarray]:
-    """``Gamma`` per block: ``scale`` times the first ``K`` columns of the identity (mean
-    field: ``scale`` for every coordinate; low rank: ``scale`` for every coordinate and
-    ``U`` its first ``K`` columns, off zero, where ``U = 0`` is a stationary point of the
-    flow)."""
+    """``Gamma`` per block: ``scale`` (a number, or one per coordinate) times the first ``K``
+    columns of the identity (mean field: ``scale`` for every coordinate; low rank: ``scale``
+    for every coordinate and ``U`` its first ``K`` columns, off zero, where ``U = 0`` is a
+    stationary point of the flow)."""
+    scale = np.broadcast_to(np.asarray(scale, dtype=dtype), (ndim,))
     if structure.diagonal:
-        return [np.full(ndim, scale, dtype=dtype)]
+        return [scale.copy()]
     if structure.low_rank:
-        loadings = scale * np.eye(ndim, rank, dtype=dtype)
-        return [loadings, np.full(ndim, scale, dtype=dtype)]
+        loadings = scale[:, None] * np.eye(ndim, rank, dtype=dtype)
+        return [loadings, scale.copy()]
     if structure.hierarchical:  # the arrow [[L, 0], [C, diag(s)]], no coupling yet
-        g, loc = (len(b) for b in structure.blocks)
-        eye = scale * np.eye(g, dtype=dtype)
-        return [eye, np.zeros((loc, g), dtype=dtype), np.full(loc, scale, dtype=dtype)]
-    return [scale * np.eye(len(b), min(rank, len(b)), dtype=dtype) for b in structure.blocks]
+        globals_, locals_ = structure.blocks
+        eye = scale[globals_, None] * np.eye(len(globals_), dtype=dtype)
+        coupling = np.zeros((len(locals_), len(globals_)), dtype=dtype)
+        return [eye, coupling, scale[locals_].copy()]
+    return [
+        scale[b, None] * np.eye(len(b), min(rank, len(b)), dtype=dtype) for b in structure.blocks
+    ]

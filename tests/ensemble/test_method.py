@@ -230,6 +230,31 @@ def test_chains_that_started_far_and_ran_out_of_steps_are_told_of_init_gaussian(
     assert below is not None and below[0] < below[1]
 
 
+def test_chains_lost_far_below_a_trustworthy_fit_start_again_at_its_draws():
+    """A regression whose intercept (1000) lies 8 000 of the Gaussian fit's sds from the
+    initial point, with a noise scale that grows to explain the residuals on the way: the
+    chains crawl along that ridge and were still 1 000 intercept-units off after 10 000
+    steps (not converged). Still far below the fit's typical log p when burn-in ends, they
+    start again at its draws and sample the posterior: with flat priors ``beta | y`` is a
+    Student-t at least squares, ``Var(beta_i) = RSS / (n - p - 3) [(X^T X)^(-1)]_ii``
+    (``p(sigma)`` flat)."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=50)
+    design = np.column_stack([np.ones(50), x])
+    y = 1000.0 + 5.0 * x + rng.normal(size=50)
+    mean, rss = np.linalg.lstsq(design, y, rcond=None)[:2]
+    sd = np.sqrt(rss[0] / (50 - 2 - 3) * np.diag(np.linalg.inv(design.T @ design)))
+    with pm.Model():
+        b0, b1 = pm.Normal("b0", 0, 1e4), pm.Normal("b1", 0, 1e4)
+        pm.Normal("y", b0 + b1 * x, pm.HalfNormal("s", 100), observed=y)
+        approx = pm.fit(method="ensemble", random_seed=1, progressbar=False, backend="quick_c")
+    assert approx.inference.control_state.rescued == 20
+    assert approx.outcome.converged and approx.outcome.verdict == "trustworthy"
+    draws = approx.draws.reshape(-1, 3)[:, :2]
+    assert np.all(np.abs(draws.mean(axis=0) - mean) / sd < 0.1)
+    assert np.all(np.abs(draws.std(axis=0) / sd - 1) < 0.1)
+
+
 def test_a_fixed_step_too_large_for_the_posterior_says_so():
     """A regression on 400 rows (coefficients' sds about 0.05) with the fixed step 0.01,
     twice the largest stable Euler step (2 sd^2): the moves grow until the drift's cap holds
