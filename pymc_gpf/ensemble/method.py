@@ -442,18 +442,22 @@ class Ensemble(FlowInference):
             self.target.ndim
         )
 
+    def _below_typical(self) -> float:
+        """``log p`` ``FAR_BELOW`` sds under its mean over the start's Gaussian fit (a
+        Gaussian posterior's ``log p`` has sd ``sqrt(D / 2)`` in its typical set)."""
+        return self.own.start_fit["mean_logp"] - FAR_BELOW * np.sqrt(self.target.ndim / 2.0)
+
     def _below_the_posterior(self) -> tuple[float, float] | None:
         """``(median log p of the particles, E_q[log p] of the start's Gaussian fit)`` when
         the chains started far from that fit (:func:`far_start`) and their log-density is
         still below its typical values by more than ``FAR_BELOW`` of its sds (a Gaussian
         posterior's ``log p`` has sd ``sqrt(D / 2)`` in its typical set): chains crossing
         to the posterior, not chains in another mode of the same height."""
-        fit = self.own.start_fit
         if not self._far_from_the_fit():
             return None
         median = float(np.median(np.asarray(self.approx.state.logp.get_value())))
-        limit = fit["mean_logp"] - FAR_BELOW * np.sqrt(self.target.ndim / 2.0)
-        return (median, fit["mean_logp"]) if median < limit else None
+        mean = self.own.start_fit["mean_logp"]
+        return (median, mean) if median < self._below_typical() else None
 
     def _overdispersed(self, q: GaussianQ) -> np.ndarray:
         """Draws of q with ``OVERDISPERSION`` times its sds (Gelman & Rubin): chains that
@@ -590,7 +594,7 @@ class Ensemble(FlowInference):
             # log p under q's typical values when burn-in would end is crossing to the
             # posterior, not in a mode of its own, and starts again at q's draws (sblrc-blr's
             # chains were 1 080 sds off after 10 000 steps, their log p 450 below)
-            limit = fit["mean_logp"] - FAR_BELOW * np.sqrt(self.target.ndim / 2.0)
+            limit = self._below_typical()
             self.revise_control(lambda state: state._replace(lost_below=limit))
 
     def checkpoint_extra(self) -> dict:
