@@ -598,17 +598,35 @@ class Ensemble(FlowInference):
             self.revise_control(lambda state: state._replace(lost_below=limit))
 
     def checkpoint_extra(self) -> dict:
-        # what _initialise decided (a loaded fit is rebuilt without running it again)
+        # what _initialise decided (a loaded fit is rebuilt without running it again), and
+        # the fit's q (while a rescue may still draw from it) and the stream it draws with
+        pending = getattr(self.control_state, "lost_below", -np.inf) > -np.inf
+        q = self.own.start_q if pending else None
         return {
             "start_fit": self.own.start_fit,
             "init_used": self.own.init_used,
             "start_preconditioner": self.own.start_preconditioner,
-        }
+            "rescue_rng": self._method_rng.bit_generator.state,
+            "start_q": None if q is None else {
+                "mean": q.mean.tolist(), "dtype": str(q.mean.dtype),
+                "blocks": [b.tolist() for b in q.blocks],
+                "factors": [f.tolist() for f in q.factors],
+            },
+        }  # fmt: skip
 
     def load_checkpoint_extra(self, extra: dict) -> None:
         self.own.start_fit = dict(extra["start_fit"])
         self.own.init_used = extra["init_used"]
         self.own.start_preconditioner = bool(extra["start_preconditioner"])
+        if "rescue_rng" in extra:
+            self._method_rng.bit_generator.state = extra["rescue_rng"]
+        if (q := extra.get("start_q")) is not None:
+            dtype = q["dtype"]
+            self.own.start_q = GaussianQ(
+                np.asarray(q["mean"], dtype=dtype),
+                tuple(np.asarray(b, dtype=int) for b in q["blocks"]),
+                tuple(np.asarray(f, dtype=dtype) for f in q["factors"]),
+            )
 
     def _describe(self, reason: str) -> str:
         if reason == "converged" and self.config.kind == "deep":

@@ -230,6 +230,33 @@ def test_chains_that_started_far_and_ran_out_of_steps_are_told_of_init_gaussian(
     assert below is not None and below[0] < below[1]
 
 
+def _far_intercept():
+    """A regression with intercept 1000, slope 5 and unit noise (its scale unknown), 50 rows."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=50)
+    y = 1000.0 + 5.0 * x + rng.normal(size=50)
+    with pm.Model() as model:
+        b0, b1 = pm.Normal("b0", 0, 1e4), pm.Normal("b1", 0, 1e4)
+        pm.Normal("y", b0 + b1 * x, pm.HalfNormal("s", 100), observed=y)
+    return x, y, model
+
+
+def test_a_fit_saved_before_its_rescue_resumes_exactly(tmp_path):
+    """Saved during burn-in while the rescue is still to come, loaded and continued, the
+    fit draws the same rescued chains (the Gaussian fit and the stream they come from are in
+    the checkpoint) and its trace is the uninterrupted one's, bit for bit."""
+    _, _, model = _far_intercept()
+    options = {"method": "ensemble", "model": model, "random_seed": 1, "progressbar": False,
+               "backend": "quick_c"}  # fmt: skip
+    whole = pm.fit(400, **options)
+    part = pm.fit(60, **options)
+    assert part.inference.control_state.lost_below > -np.inf  # the rescue is still to come
+    loaded = pymc_gpf.load(part.save(tmp_path / "fit.nc"), model=model)
+    loaded.refine(340)
+    assert loaded.inference.control_state.rescued == whole.inference.control_state.rescued == 20
+    np.testing.assert_array_equal(np.asarray(loaded.hist), np.asarray(whole.hist))
+
+
 def test_chains_lost_far_below_a_trustworthy_fit_start_again_at_its_draws():
     """A regression whose intercept (1000) lies 8 000 of the Gaussian fit's sds from the
     initial point, with a noise scale that grows to explain the residuals on the way: the
@@ -238,16 +265,12 @@ def test_chains_lost_far_below_a_trustworthy_fit_start_again_at_its_draws():
     start again at its draws and sample the posterior: with flat priors ``beta | y`` is a
     Student-t at least squares, ``Var(beta_i) = RSS / (n - p - 3) [(X^T X)^(-1)]_ii``
     (``p(sigma)`` flat)."""
-    rng = np.random.default_rng(7)
-    x = rng.normal(size=50)
+    x, y, model = _far_intercept()
     design = np.column_stack([np.ones(50), x])
-    y = 1000.0 + 5.0 * x + rng.normal(size=50)
     mean, rss = np.linalg.lstsq(design, y, rcond=None)[:2]
     sd = np.sqrt(rss[0] / (50 - 2 - 3) * np.diag(np.linalg.inv(design.T @ design)))
-    with pm.Model():
-        b0, b1 = pm.Normal("b0", 0, 1e4), pm.Normal("b1", 0, 1e4)
-        pm.Normal("y", b0 + b1 * x, pm.HalfNormal("s", 100), observed=y)
-        approx = pm.fit(method="ensemble", random_seed=1, progressbar=False, backend="quick_c")
+    approx = pm.fit(method="ensemble", model=model, random_seed=1, progressbar=False,
+                    backend="quick_c")  # fmt: skip
     assert approx.inference.control_state.rescued == 20
     assert approx.outcome.converged and approx.outcome.verdict == "trustworthy"
     draws = approx.draws.reshape(-1, 3)[:, :2]
