@@ -105,8 +105,16 @@ Z_MOVE = 3.0
 # non-centred eight-schools posterior biased by 0.52 times the step, its averages at 1/8 and
 # 1/16 0.062 and 0.032 sds off, stopped there with margin 1 (within tol 0.02 plus 0.016)
 Z_BIAS = 0.0
+# a step cut by its trust region to below this fraction of the schedule's step size: q's mean
+# is more than a hundred trust radii from where its natural gradient points (Stochastic.crawl)
+CRAWL_CUT = 0.01
 # while averaging, the average restarts only on a drop significant at 0.05 %: it is tested
 # after every window, and a 5 % test would restart a long average by chance
+# StochasticState.restarted: what made the fit start again, and from where
+RESTARTS = {
+    1: ("draws of q reached where the log-density is not finite", "its initial mean"),
+    2: ("its natural steps crawled, cut short by the trust region", "the MAP"),
+}
 _ARRAY = "__ndarray__"  # the key marking an array in a saved state
 
 
@@ -616,8 +624,10 @@ class StochasticState(NamedTuple):
     # q's mean location in the last windows and its noise, (2, ...) each
     window_means: tuple[np.ndarray, ...] = ()
     window_sums: tuple[np.ndarray, ...] | None = None  # of q's parameters
-    # the fit started again from its initial mean at the curvature's scales (a stall)
+    # the fit started again at the curvature's scales: 1 from its initial mean (a stall),
+    # 2 from the MAP (a crawl)
     restarted: int = 0
+    cut_steps: int = 0  # accepted steps in a row cut below CRAWL_CUT of the step size
 
 
 @dataclass(frozen=True)
@@ -643,7 +653,11 @@ class Stochastic(Control):
     trace that starts falling again restarts the average. A window (at a step of at most
     ``max_average_rate``) whose iterates all lie within about ``tol`` of their average ends
     the fit at once, on that average, unless the windows' averages are still on the move
-    (:meth:`_drifting`).
+    (:meth:`_drifting`). With ``crawl``, ``crawl`` accepted steps in a row whose trust region
+    cut them below :data:`CRAWL_CUT` of the step size (``info["step_size"]``) stop the fit as
+    "crawling": q is far from the posterior and so narrow there that it would take thousands
+    of steps to arrive (GF on a regression with flat priors and a response in the tens of
+    thousands crawled 0.2 of 7.8 in its noise scale's log over 10 000 steps).
 
     The average of constant-step iterates is biased by O(step) (Dieuleveut, Durmus & Bach,
     2020), by an amount no fixed step bounds on every target: GF's average at rate 1/2 sat
@@ -668,6 +682,7 @@ class Stochastic(Control):
     span: float = SPAN
     reach: float = LAG_REACH
     margin: float = Z_BIAS
+    crawl: int | None = None
 
     kind: ClassVar[str] = "stochastic"
 
@@ -698,7 +713,9 @@ class Stochastic(Control):
             stalled = state.rejections >= self.max_rejections or state.rate < self.min_rate
             return state, Decision("stalled" if stalled else None)
         params = [np.asarray(p, dtype=float) for p in info["params"]]
+        cut = self.crawl is not None and info["step_size"] < CRAWL_CUT * state.rate
         state = state._replace(
+            cut_steps=state.cut_steps + 1 if cut else 0,
             rejections=0,
             scale=np.maximum(np.asarray(info["scale"], dtype=float), 1e-300),
             values=state.values.add(float(free_energy)),
@@ -706,6 +723,8 @@ class Stochastic(Control):
             window_sums=_add(state.window_sums, params),
             average=state.average.add(params) if state.averaging else state.average,
         )
+        if self.crawl is not None and state.cut_steps >= self.crawl:
+            return state, Decision("crawling")
         if len(state.values) < self.window_length(state):
             return state, GO_ON
         return self._end_of_window(state)
@@ -862,9 +881,10 @@ class Stochastic(Control):
     def describe(self, state, reason):
         message = _stochastic_message(self, state, reason) or super().describe(state, reason)
         if state.restarted:
+            why, where = RESTARTS[state.restarted]
             message += (
-                " (after draws of q reached where the log-density is not finite, the fit "
-                "started again from its initial mean with sds from the curvature there)"
+                f" (after {why}, the fit started again from {where} with sds from the "
+                "curvature there)"
             )
         return message
 
@@ -923,6 +943,12 @@ def _stochastic_message(control: Stochastic, state: StochasticState, reason: str
         return (
             f"the step size fell to {state.rate:.2g} (its floor) before the iterates "
             "settled within tol; q is the average of the last window"
+        )
+    if reason == "crawling":
+        return (
+            f"crawling: for {state.cut_steps} steps in a row the trust region cut the natural "
+            f"step below {CRAWL_CUT:g} of its size, q's mean being more than a hundred of its "
+            "sds from where the gradient points: far from the posterior, and narrow there"
         )
     if reason == "stalled":
         return (

@@ -137,6 +137,8 @@ class FlowInference(Inference):
     average_span: ClassVar[float] = SPAN
     lag_reach: ClassVar[float] = LAG_REACH
     agreement_margin: ClassVar[float] = Z_BIAS
+    # the stochastic schedule's crawl test (pymc_gpf.control.Stochastic.crawl): off
+    crawl_steps: ClassVar[int | None] = None
     # a method without a constructor of its own: its keywords are this config's fields
     Config: ClassVar[type[MethodConfig] | None] = None
 
@@ -892,6 +894,7 @@ def stochastic_control(inference: FlowInference, tol: float) -> Stochastic:
         span=inference.average_span,
         reach=inference.lag_reach,
         margin=inference.agreement_margin,
+        crawl=inference.crawl_steps,
     )
 
 

@@ -79,6 +79,11 @@ UNCONVERGED_REMEDIES = {
         "Check the model near q (a parameter at the edge of its support, a density that is "
         "not finite everywhere), reparameterise, or use NUTS (pm.sample)"
     ),
+    "crawling": (
+        "q is far from the posterior even after starting again from the MAP: standardise the "
+        "data (a response or predictor in the thousands), give start= values near the "
+        "posterior, or use method='gpf' (its line search takes long steps) or NUTS (pm.sample)"
+    ),
     "floor": "Refine with a larger tol, or use method='gpf' (deterministic) on full data",
     "callback": (
         "The automatic fit stops by itself once it has converged, so it needs no stopping "

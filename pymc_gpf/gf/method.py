@@ -35,6 +35,7 @@ from pymc_gpf.protocols import Initialised
 from pymc_gpf.start import (
     MAX_CURVATURE_DIM,
     curvature_scales,
+    find_map,
     initial_centre,
     nonfinite_gradient,
 )
@@ -46,6 +47,9 @@ __all__ = ["GF", "GFApproximation", "arrow_points", "fit_inside", "model_locals"
 # a start whose gradient is not finite at the initial mean moves by a uniform jitter of this
 # fraction of the initial spread (GF._retry_start)
 START_JITTER = 1e-3
+# accepted steps in a row cut short by the trust region before the automatic fit restarts
+# from the MAP (pymc_gpf.control.Stochastic.crawl)
+CRAWL_STEPS = 100
 
 
 class GFApproximation(GaussianApproximation):
@@ -271,6 +275,7 @@ class GF(FlowInference):
     default_learning_rate = 1e-3
     spread_option = "init_scale"
     start_points = "draws of q"
+    crawl_steps = CRAWL_STEPS
 
     def __init__(
         self,
@@ -334,15 +339,21 @@ class GF(FlowInference):
         return True
 
     def _on_stop(self, reason: str, step_count: int) -> str | None:
-        """A stall (every draw batch reaching where the log-density is not finite) starts
-        the automatic fit again, once, from its initial mean with sds from the curvature
-        there (:func:`~pymc_gpf.start.curvature_scales`; narrowed by :attr:`narrowing` above
-        :data:`~pymc_gpf.start.MAX_CURVATURE_DIM`): a Gamma regression on a predictor in the
-        hundreds, started 0.1 wide in its slope (posterior sd 1.5e-4), threw its mean 1 500
-        sds out and stalled at every seed."""
-        if reason != "stalled" or not self.fit_options.auto or self.control_state.restarted:
+        """The automatic fit starts again, once, with sds from the curvature
+        (:func:`~pymc_gpf.start.curvature_scales`; narrowed by :attr:`narrowing` above
+        :data:`~pymc_gpf.start.MAX_CURVATURE_DIM`): after a stall (every draw batch reaching
+        where the log-density is not finite) from its initial mean, after a crawl (natural
+        steps cut short by the trust region, :class:`~pymc_gpf.control.Stochastic`) from the
+        MAP found from q's mean. A Gamma regression on a predictor in the hundreds, started
+        0.1 wide in its slope (posterior sd 1.5e-4), threw its mean 1 500 sds out and stalled
+        at every seed; a regression with flat priors and a response in the tens of thousands
+        crawled, q 10^-5 wide in the noise scale's log where the posterior is 7.8 away."""
+        restarts = {"stalled": 1, "crawling": 2}
+        if reason not in restarts or not self.fit_options.auto or self.control_state.restarted:
             return reason
         centre, dtype = self._start_mean, self.target.dtype
+        if reason == "crawling":
+            centre = self._map_from(self.approx.shared_mean.get_value())
         scale = self.options_in_effect.init_scale
         if len(centre) <= MAX_CURVATURE_DIM:
             step = HESSIAN_STEP[np.dtype(dtype).itemsize < 8]
@@ -354,8 +365,18 @@ class GF(FlowInference):
         self.approx.shared_mean.set_value(centre.astype(dtype))
         for shared, value in zip(self.approx.shared_factors, factors, strict=True):
             shared.set_value(value)
-        self.revise_control(lambda state: self.control.init()._replace(restarted=1))
+        restarted = restarts[reason]
+        self.revise_control(lambda state: self.control.init()._replace(restarted=restarted))
         return None
+
+    def _map_from(self, mean: np.ndarray) -> np.ndarray:
+        """PyMC's MAP found from ``mean``; ``mean`` where the search ends where the
+        log-density is not finite."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the search's own warnings: the fit judges it
+            found = find_map(self.target, mean.astype(float), None, seed=0)
+        log_p, _ = self.approx.full_log_densities_and_gradients(found[None, :])
+        return found if np.isfinite(log_p[0]) else mean
 
     def _fitted_settings(self) -> dict:
         return {

@@ -331,3 +331,40 @@ def test_a_stall_far_out_starts_again_at_the_curvatures_scales():
     q = approx.gaussian()  # b0, b1, log alpha: the flat coordinates
     np.testing.assert_array_less(np.abs(q.mean - mean) / sd, 0.1)
     np.testing.assert_array_less(np.abs(np.sqrt(q.marginal_variances()) / sd - 1), 0.1)
+
+
+def test_a_crawl_far_out_starts_again_at_the_map():
+    """A regression with flat priors and a response in the tens of thousands: from the
+    initial point (noise scale 1), q narrows to the curvature there, 10^-5 wide in the noise
+    scale's log, and its natural steps, cut to one trust radius each, crawled (0.2 of the
+    7.8 to go in 10 000 steps). After 100 such steps GF starts again from the MAP and
+    converges to the posterior: means within 0.1 sd and sds within 10 % of the exact ones
+    (the coefficients Student-t about least squares, the noise scale's square
+    inverse-gamma)."""
+    from scipy.special import gammaln
+
+    rng = np.random.default_rng(2611)
+    n = 80
+    x = rng.uniform(1000, 5000, size=n)
+    y = 12000 + 3.5 * x + rng.normal(0, 2500, size=n)
+    with pm.Model() as model:
+        a, b, s = pm.Flat("a"), pm.Flat("b"), pm.HalfFlat("s")
+        pm.Normal("y", a + b * x, s, observed=y)
+    approx = pm.fit(method="gf", model=model, random_seed=1, progressbar=False,
+                    backend="quick_c")  # fmt: skip
+    assert approx.inference.control_state.restarted == 2
+    assert approx.outcome.converged and "from the MAP" in approx.outcome.message
+    design = np.column_stack([np.ones(n), x])
+    coef, rss = np.linalg.lstsq(design, y, rcond=None)[:2]
+    # p(a, b, s | y) ∝ s^-n exp(-|y - Xβ|² / 2s²): β Student-t with ν = n - 3, s² IG(ν/2, rss/2)
+    nu, shape, scale = n - 3, (n - 3) / 2, rss[0] / 2
+    coef_sd = np.sqrt(rss[0] / (nu - 2) * np.diag(np.linalg.inv(design.T @ design)))
+    s_mean = np.sqrt(scale) * np.exp(gammaln(shape - 0.5) - gammaln(shape))
+    s_sd = np.sqrt(scale / (shape - 1) - s_mean**2)
+    q = approx.gaussian()  # a, b, log s
+    mean = np.array([*q.mean[:2], np.exp(q.mean[2] + q.marginal_variances()[2] / 2)])
+    sd = np.sqrt(q.marginal_variances())
+    sd[2] = mean[2] * np.sqrt(np.expm1(q.marginal_variances()[2]))
+    exact_mean, exact_sd = np.array([*coef, s_mean]), np.array([*coef_sd, s_sd])
+    np.testing.assert_array_less(np.abs(mean - exact_mean) / exact_sd, 0.1)
+    np.testing.assert_array_less(np.abs(sd / exact_sd - 1), 0.1)
