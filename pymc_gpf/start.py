@@ -69,9 +69,12 @@ def nonfinite_gradient(target: BatchedTarget, point: np.ndarray) -> list[str]:
     return target.variables_at(~np.isfinite(grad))
 
 
-def find_map(target: BatchedTarget, centre: np.ndarray, start: dict | None, seed: int):
+def find_map(
+    target: BatchedTarget, centre: np.ndarray, start: dict | None, seed: int,
+    from_centre: bool = False,
+):  # fmt: skip
     """PyMC's ``find_MAP`` started exactly at ``centre`` (PyMC 6.4 and 6.3 spell it
-    differently)."""
+    differently; 6.3 takes the model's initial point unless ``start`` or ``from_centre``)."""
     if "initvals" in inspect.signature(pm.find_MAP).parameters:
         found = pm.find_MAP(
             initvals=target.point(centre),
@@ -85,7 +88,7 @@ def find_map(target: BatchedTarget, centre: np.ndarray, start: dict | None, seed
         point = {c.value_name: found[c.value_name].values[0, 0] for c in target.coordinates}
     else:  # PyMC 6.3: start values in constrained space, no jitter
         constrained_start = None
-        if start:
+        if start or from_centre:
             constrained = target.compile_constrained()(centre[None, :])
             constrained_start = {c.rv_name: constrained[c.rv_name][0] for c in target.coordinates}
         point = pm.find_MAP(

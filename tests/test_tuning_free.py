@@ -461,6 +461,32 @@ def test_a_fit_that_ran_out_of_steps_before_its_error_was_known_says_why():
     assert "inf" not in message
 
 
+def test_steps_cut_short_by_the_trust_region_a_hundred_times_in_a_row_are_a_crawl():
+    """With ``crawl=100``: 100 accepted steps in a row whose trust region cut them below
+    ``CRAWL_CUT`` of the step size stop the fit as "crawling" (the 99th does not); one step
+    that is not cut starts the count again; without ``crawl`` no such stop."""
+    from pymc_gpf.control import CRAWL_CUT
+
+    def run(control, cuts):
+        state, stops = control.init(), []
+        for i, cut in enumerate(cuts):  # q moving and the free energy falling: no plateau
+            x = np.array([float(i)])
+            size = (0.5 if cut else 2.0) * CRAWL_CUT * state.rate
+            info = {"accepted": True, "location": x, "scale": np.ones(1), "params": [x],
+                    "step_size": size}  # fmt: skip
+            state, decision = control.observe(state, -float(i), info)
+            stops.append(decision.stop)
+        return state, stops
+
+    state, stops = run(Stochastic(0.03, crawl=100), [True] * 100)
+    assert stops[:99] == [None] * 99 and stops[99] == "crawling"
+    assert "crawling" in Stochastic(0.03, crawl=100).describe(state, "crawling")
+    _, stops = run(Stochastic(0.03, crawl=100), [True] * 60 + [False] + [True] * 60)
+    assert "crawling" not in stops
+    _, stops = run(Stochastic(0.03), [True] * 200)
+    assert "crawling" not in stops
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_the_stochastic_rule_does_not_stop_on_a_drifting_fit(seed):
     """A fixed point that keeps moving (the free energy keeps falling): no stop in 50 000

@@ -351,6 +351,8 @@ class GF(FlowInference):
         restarts = {"stalled": 1, "crawling": 2}
         if reason not in restarts or not self.fit_options.auto or self.control_state.restarted:
             return reason
+        if reason == "crawling" and self.target.minibatch:
+            return reason  # a MAP of one minibatch's log-density is no MAP
         centre, dtype = self._start_mean, self.target.dtype
         if reason == "crawling":
             centre = self._map_from(self.approx.shared_mean.get_value())
@@ -374,7 +376,7 @@ class GF(FlowInference):
         log-density is not finite."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the search's own warnings: the fit judges it
-            found = find_map(self.target, mean.astype(float), None, seed=0)
+            found = find_map(self.target, mean.astype(float), None, seed=0, from_centre=True)
         log_p, _ = self.approx.full_log_densities_and_gradients(found[None, :])
         return found if np.isfinite(log_p[0]) else mean
 
