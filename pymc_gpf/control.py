@@ -57,6 +57,7 @@ REASONS = {
     "overfitting": "finite-N bias: the particles had begun to fit their own positions",
     "stalled": "stalled: no step size lowered the free energy",
     "floor": "the step size reached its floor before the iterates settled",
+    "crawling": "crawling: the trust region cut every step short, far from the posterior",
     "max_steps": "reached the maximum number of steps before converging",
     "callback": "stopped by a callback",
     "interrupted": (
@@ -69,6 +70,8 @@ Z_ONE_SIDED_5 = 1.645
 # (natural-gradient decrement < 1): farther out the flow's own progress usually dwarfs
 # finite-N bias (Deterministic.far_patience covers the exceptions)
 NEAR = 1.0
+# while averaging, the average restarts only on a drop significant at 0.05 %: it is tested
+# after every window, and a 5 % test would restart a long average by chance
 Z_ONE_SIDED_005 = 3.29
 # a backtracking step that moves q by less than this fraction of tol (in its sds) crawls:
 # GPF on a Laplace prior's kinks accepted ever smaller steps, 2e-4 to 1e-12 over 1000 steps,
@@ -108,8 +111,6 @@ Z_BIAS = 0.0
 # a step cut by its trust region to below this fraction of the schedule's step size: q's mean
 # is more than a hundred trust radii from where its natural gradient points (Stochastic.crawl)
 CRAWL_CUT = 0.01
-# while averaging, the average restarts only on a drop significant at 0.05 %: it is tested
-# after every window, and a 5 % test would restart a long average by chance
 # StochasticState.restarted: what made the fit start again, and from where
 RESTARTS = {
     1: ("draws of q reached where the log-density is not finite", "its initial mean"),
