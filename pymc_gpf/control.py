@@ -114,7 +114,7 @@ CRAWL_CUT = 0.01
 # StochasticState.restarted: what made the fit start again, and from where
 RESTARTS = {
     1: ("draws of q reached where the log-density is not finite", "its initial mean"),
-    2: ("its natural steps crawled, cut short by the trust region", "the MAP"),
+    2: ("its natural steps crawled or stalled", "the MAP"),
 }
 _ARRAY = "__ndarray__"  # the key marking an array in a saved state
 
@@ -626,7 +626,7 @@ class StochasticState(NamedTuple):
     window_means: tuple[np.ndarray, ...] = ()
     window_sums: tuple[np.ndarray, ...] | None = None  # of q's parameters
     # the fit started again at the curvature's scales: 1 from its initial mean (a stall),
-    # 2 from the MAP (a crawl)
+    # 2 from the MAP (a crawl, or a second stall)
     restarted: int = 0
     cut_steps: int = 0  # accepted steps in a row cut below CRAWL_CUT of the step size
 
@@ -1021,7 +1021,8 @@ def _add(sums: Sequence[np.ndarray] | None, arrays: Sequence[np.ndarray]) -> tup
 
 
 def _mean(values: Sequence[float]) -> float:
-    return float(np.mean(values))
+    with np.errstate(over="ignore"):  # free energies near 1e308 far out: the mean is inf
+        return float(np.mean(values))
 
 
 def _var_of_mean(values: Sequence[float]) -> float:
@@ -1033,6 +1034,11 @@ def _var_of_mean(values: Sequence[float]) -> float:
     n = len(values)
     if n < 4:
         return 0.0
+    with np.errstate(over="ignore", invalid="ignore"):  # far out: inf or nan, not a warning
+        return _residual_variance(values, n)
+
+
+def _residual_variance(values: np.ndarray, n: int) -> float:
     steps = np.arange(n) - (n - 1) / 2
     slope = np.dot(steps, values - values.mean()) / np.dot(steps, steps)
     residuals = values - values.mean() - slope * steps

@@ -339,22 +339,24 @@ class GF(FlowInference):
         return True
 
     def _on_stop(self, reason: str, step_count: int) -> str | None:
-        """The automatic fit starts again, once, with sds from the curvature
+        """The automatic fit starts again with sds from the curvature
         (:func:`~pymc_gpf.start.curvature_scales`; narrowed by :attr:`narrowing` above
         :data:`~pymc_gpf.start.MAX_CURVATURE_DIM`): after a stall (every draw batch reaching
         where the log-density is not finite) from its initial mean, after a crawl (natural
-        steps cut short by the trust region, :class:`~pymc_gpf.control.Stochastic`) from the
-        MAP found from q's mean. A Gamma regression on a predictor in the hundreds, started
-        0.1 wide in its slope (posterior sd 1.5e-4), threw its mean 1 500 sds out and stalled
-        at every seed; a regression with flat priors and a response in the tens of thousands
-        crawled, q 10^-5 wide in the noise scale's log where the posterior is 7.8 away."""
-        restarts = {"stalled": 1, "crawling": 2}
-        if reason not in restarts or not self.fit_options.auto or self.control_state.restarted:
+        steps cut short by the trust region, :class:`~pymc_gpf.control.Stochastic`) or a
+        second stall from the MAP found from q's mean. A Gamma regression on a predictor in
+        the hundreds, started 0.1 wide in its slope (posterior sd 1.5e-4), threw its mean
+        1 500 sds out and stalled at every seed; a regression with flat priors and a
+        response in the tens of thousands crawled, q 10^-5 wide in the noise scale's log
+        where the posterior is 7.8 away (and at another seed stalled twice)."""
+        if reason not in ("stalled", "crawling") or not self.fit_options.auto:
             return reason
-        if reason == "crawling" and self.target.minibatch:
+        # 1: from the initial mean (a first stall); 2: from the MAP (a crawl, a second stall)
+        restarted = 1 if reason == "stalled" and not self.control_state.restarted else 2
+        if self.control_state.restarted >= restarted or (restarted == 2 and self.target.minibatch):
             return reason  # a MAP of one minibatch's log-density is no MAP
         centre, dtype = self._start_mean, self.target.dtype
-        if reason == "crawling":
+        if restarted == 2:
             centre = self._map_from(self.approx.shared_mean.get_value())
         scale = self.options_in_effect.init_scale
         if len(centre) <= MAX_CURVATURE_DIM:
@@ -367,7 +369,6 @@ class GF(FlowInference):
         self.approx.shared_mean.set_value(centre.astype(dtype))
         for shared, value in zip(self.approx.shared_factors, factors, strict=True):
             shared.set_value(value)
-        restarted = restarts[reason]
         self.revise_control(lambda state: self.control.init()._replace(restarted=restarted))
         return None
 
