@@ -137,10 +137,14 @@ class FlowInference(Inference):
     average_span: ClassVar[float] = SPAN
     lag_reach: ClassVar[float] = LAG_REACH
     agreement_margin: ClassVar[float] = Z_BIAS
-    # the stochastic schedule's crawl test (pymc_gpf.control.Stochastic.crawl): off
-    crawl_steps: ClassVar[int | None] = None
     # a method without a constructor of its own: its keywords are this config's fields
     Config: ClassVar[type[MethodConfig] | None] = None
+
+    @property
+    def crawl_steps(self) -> int | None:
+        """The stochastic schedule's crawl test (:class:`pymc_gpf.control.Stochastic`'s
+        ``crawl``): off unless the method can act on it (:meth:`_on_stop`)."""
+        return None
 
     @property
     def measured_correlation(self) -> bool:

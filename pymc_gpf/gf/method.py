@@ -275,7 +275,6 @@ class GF(FlowInference):
     default_learning_rate = 1e-3
     spread_option = "init_scale"
     start_points = "draws of q"
-    crawl_steps = CRAWL_STEPS
 
     def __init__(
         self,
@@ -337,6 +336,12 @@ class GF(FlowInference):
         for f in self.approx.shared_factors:
             f.set_value(f.get_value() * np.asarray(factor, dtype=f.dtype))
         return True
+
+    @property
+    def crawl_steps(self) -> int | None:
+        """The crawl test's steps (:class:`~pymc_gpf.control.Stochastic`); none on
+        minibatches, where the restart's MAP would be one minibatch's."""
+        return None if self.target.minibatch else CRAWL_STEPS
 
     def _on_stop(self, reason: str, step_count: int) -> str | None:
         """The automatic fit starts again with sds from the curvature
