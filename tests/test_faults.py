@@ -312,24 +312,34 @@ def test_divergence_into_zero_density_rolls_back_and_can_continue():
 
 
 def test_a_fit_still_travelling_to_a_far_posterior_suggests_starting_at_the_mode():
-    """A prior centred 10^4 away from where the data put the parameter: the automatic step
-    moves q by about one of its sds a step, so GF was still on its way after its steps, and
-    the warning spoke of scales drifting to 0 or infinity. It now names the travelling mean
-    and init='map', which converges (to the conjugate posterior mean, within 0.1 sd)."""
+    """A prior centred far from where the data put the parameter: the automatic step moves
+    q by about one of its sds a step. A fit that ends on its way (prior centre 20, 120
+    steps: 140 posterior sds to go, never a hundred trust radii from its target for a
+    hundred steps) names the travelling mean and init='map'. From 10^4 away the steps are
+    cut short by the trust region and the fit crawls: it starts again from the MAP by
+    itself, and converges to the conjugate posterior mean (within 0.1 sd), as init='map'
+    does."""
     y = np.random.default_rng(1).normal(0.1, 1.0, 50)
-    with pm.Model() as model:
-        theta = pm.Normal("theta", 1e4, 1e4)
-        pm.Normal("y", theta, 1.0, observed=y)
+
+    def model_centred_at(centre):
+        with pm.Model() as model:
+            theta = pm.Normal("theta", centre, 1e4)
+            pm.Normal("y", theta, 1.0, observed=y)
+        return model
+
     match = "mean of theta was still travelling: it moved .* init='map'"
     with pytest.warns(pymc_gpf.FitWarning, match=match):
-        pm.fit(300, method="gf", model=model, random_seed=1, progressbar=False)
-    approx = pm.fit(method="gf", model=model, random_seed=1, progressbar=False,
-                    inf_kwargs={"init": "map"})  # fmt: skip
+        pm.fit(120, method="gf", model=model_centred_at(20.0), random_seed=1, progressbar=False)
+    model = model_centred_at(1e4)
     precision = len(y) + 1e-8
     mean, sd = (y.sum() + 1e4 * 1e-8) / precision, precision**-0.5
-    assert approx.outcome.converged
-    draws = approx.sample(4000, random_seed=1).posterior["theta"].values
-    assert abs(draws.mean() - mean) < 0.1 * sd
+    for kwargs in ({}, {"init": "map"}):
+        approx = pm.fit(method="gf", model=model, random_seed=1, progressbar=False,
+                        inf_kwargs=kwargs)  # fmt: skip
+        assert approx.outcome.converged
+        assert approx.inference.control_state.restarted == (0 if kwargs else 2)
+        draws = approx.sample(4000, random_seed=1).posterior["theta"].values
+        assert abs(draws.mean() - mean) < 0.1 * sd
 
 
 def test_a_start_where_only_the_gradient_is_not_finite_is_jittered():
