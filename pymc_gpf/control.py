@@ -1035,15 +1035,11 @@ def _var_of_mean(values: Sequence[float]) -> float:
     if n < 4:
         return 0.0
     with np.errstate(over="ignore", invalid="ignore"):  # far out: inf or nan, not a warning
-        return _residual_variance(values, n)
-
-
-def _residual_variance(values: np.ndarray, n: int) -> float:
-    steps = np.arange(n) - (n - 1) / 2
-    slope = np.dot(steps, values - values.mean()) / np.dot(steps, steps)
-    residuals = values - values.mean() - slope * steps
-    denominator = float(np.dot(residuals, residuals))
-    if denominator <= 0:
-        return 0.0
-    rho = min(max(float(np.dot(residuals[1:], residuals[:-1]) / denominator), 0.0), 0.9)
-    return float(denominator / (n - 2) / n * (1 + rho) / (1 - rho))
+        steps = np.arange(n) - (n - 1) / 2
+        slope = np.dot(steps, values - values.mean()) / np.dot(steps, steps)
+        residuals = values - values.mean() - slope * steps
+        denominator = float(np.dot(residuals, residuals))
+        if denominator <= 0:
+            return 0.0
+        rho = min(max(float(np.dot(residuals[1:], residuals[:-1]) / denominator), 0.0), 0.9)
+        return float(denominator / (n - 2) / n * (1 + rho) / (1 - rho))
