@@ -23,7 +23,7 @@ from pymc.backends.arviz import coords_and_dims_for_inferencedata
 
 from pymc_gpf.checks import is_integer, seed_sequence
 from pymc_gpf.datatree import build_datatree, fit_group, settings_attrs
-from pymc_gpf.diagnostics import Diagnosis, diagnosis_of, ridge_option
+from pymc_gpf.diagnostics import FULL_DATA, NUTS, Diagnosis, diagnosis_of, ridge_option
 from pymc_gpf.engine import FlowInference
 from pymc_gpf.gaussian import GaussianQ
 from pymc_gpf.importance import ImportancePool, capped
@@ -181,11 +181,14 @@ class FlowApproximation:
     # of 21 never seen here where GF or GPF said family-limited (2026-11-28; hierarchical
     # scales near 0, a lasso, an IRT model), the ensemble at its defaults ended converged on
     # 2 and accurate on 6, nutpie's NUTS was the reference on all 12 (divergences on 2)
-    alternative = (
-        "Use NUTS (pm.sample), which samples the posterior itself; method='ensemble' "
-        "(Langevin chains) does too, but on such posteriors often needs many more steps "
-        "than its default"
-    )
+    @property
+    def alternative(self) -> str:
+        full_data = f",{FULL_DATA}" if self.target.minibatch else ""
+        return (
+            f"Use {NUTS}, which samples the posterior itself{full_data}; method='ensemble' "
+            "(Langevin chains) does too, but on such posteriors often needs many more steps "
+            "than its default"
+        )
 
     @property
     def alternative_clause(self) -> str:

@@ -36,6 +36,7 @@ from pymc_gpf.control import (
     Stochastic,
     restore_control,
 )
+from pymc_gpf.diagnostics import nuts
 from pymc_gpf.errors import FitWarning
 from pymc_gpf.failure import FailedStep, explain_failure
 from pymc_gpf.hyper import HyperSearch, compile_hyper_moments, flat_values, set_flat_values
@@ -688,7 +689,7 @@ class FlowInference(Inference):
                 "If q is still moving (a scale drifting towards 0 or infinity), the family "
                 f"may have no optimum on this posterior: {self.approx.alternative_clause}"
             )
-        return UNCONVERGED_REMEDIES.get(reason, "")
+        return UNCONVERGED_REMEDIES.get(reason, "").format(nuts=nuts(self.target.minibatch))
 
     def _control(self, options: FitOptions) -> Control:
         """:class:`~pymc_gpf.control.FixedSteps` for a fixed ``learning_rate``, else

@@ -74,15 +74,16 @@ MAX_DRAWS = 16384  # draws of q (the defensive ones come on top)
 # reference sections, 2026-11-27) where 4096 and more read 0.79-0.95 (the centred radon
 # model's GF fit: 0.39 from 2048, 0.88 from 20 480).
 PSIS_DRAWS = 4096
+# NUTS as a remedy: {nuts} in the texts below (pymc_gpf.diagnostics.nuts)
 UNCONVERGED_REMEDIES = {
     "stalled": (
         "Check the model near q (a parameter at the edge of its support, a density that is "
-        "not finite everywhere), reparameterise, or use NUTS (pm.sample)"
+        "not finite everywhere), reparameterise, or use {nuts}"
     ),
     "crawling": (
         "q is far from the posterior even after starting again from the MAP: standardise the "
         "data (a response or predictor in the thousands), give start= values near the "
-        "posterior, or use method='gpf' (its line search takes long steps) or NUTS (pm.sample)"
+        "posterior, or use method='gpf' (its line search takes long steps) or {nuts}"
     ),
     "floor": "Refine with a larger tol, or use method='gpf' (deterministic) on full data",
     "callback": (

@@ -14,6 +14,7 @@ from pymc_gpf.approximation import FlowApproximation, ParticlesMixin
 from pymc_gpf.checks import is_integer
 from pymc_gpf.control import Control, Deterministic
 from pymc_gpf.datatree import build_datatree
+from pymc_gpf.diagnostics import nuts
 from pymc_gpf.engine import NARROWING, FlowInference
 from pymc_gpf.ensemble import flow, step
 from pymc_gpf.ensemble.config import EnsembleConfig
@@ -99,8 +100,8 @@ class EnsembleApproximation(ParticlesMixin, FlowApproximation):
                 f"{coordinate} is {distance:.0f} within-chain sds from theirs): the posterior "
                 "has several modes, which the chains do not cross, so their shares of the "
                 "draws are not the modes' masses",
-                "Reparameterise to remove the minor modes, or use NUTS (pm.sample) with many "
-                "chains and compare them",
+                f"Reparameterise to remove the minor modes, or use {nuts(self.target.minibatch)} "
+                "with many chains and compare them",
                 numbers,
             )
         step_bias = self._fixed_step_bias()
