@@ -298,7 +298,7 @@ class WVGD(FlowInference):
         count towards the fit's). By default (no ``initial_particles``, no ``init_scale``)
         particles also start on the other modes that fit's verdict found
         (:mod:`pymc_gpf.modes`), one each, the heaviest first. ``False``: the model's own
-        coordinates, as the paper. Not with ``pm.Minibatch`` data or above D = 1000.
+        coordinates, as the paper. Not above D = 1000.
     model, random_seed, start, devices
         As in ``pm.fit``; ``devices`` as in :class:`~pymc_gpf.engine.FlowInference`.
 
@@ -364,9 +364,8 @@ class WVGD(FlowInference):
     @property
     def whitens(self) -> bool:
         """Whether this fit runs in a Gaussian fit's coordinates (``whiten``, where GF fits
-        the model at full rank and on the whole data)."""
-        target = self.target
-        return self.config.whiten and not target.minibatch and target.ndim <= MAX_DEFAULT_RANK
+        the model at full rank)."""
+        return self.config.whiten and self.target.ndim <= MAX_DEFAULT_RANK
 
     def _initialise(self) -> Initialised:
         config, target = self.config, self.target
