@@ -230,11 +230,11 @@ class Diagnosis:
         return points[rng.choice(len(points), size=draws, p=probabilities)]
 
 
-# NUTS named as a remedy ({nuts} in the texts below): with pm.Minibatch data the model's
-# log-density is a random subsample's, and NUTS on it samples a wrong posterior without a
-# word (PyMC's NUTS on a 1000-row regression in minibatches of 50: the slope's sd 0.12 over
-# 2 x 1000 draws, 0.016 over 2 x 300, where the posterior's is 0.032; nutpie raises an
-# AttributeError on the minibatch's random generator)
+# NUTS named as a remedy (here, and as {nuts} in verdict.UNCONVERGED_REMEDIES): with
+# pm.Minibatch data the model's log-density is a random subsample's, and NUTS on it samples a
+# wrong posterior without a word (PyMC's NUTS on a 1000-row regression in minibatches of 50:
+# the slope's sd 0.12 over 2 x 1000 draws, 0.016 over 2 x 300, where the posterior's is
+# 0.032; nutpie raises an AttributeError on the minibatch's random generator)
 NUTS = "NUTS (pm.sample)"
 FULL_DATA = (
     " on the model built with the full data arrays (on pm.Minibatch data NUTS samples a "
