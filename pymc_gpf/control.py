@@ -641,10 +641,12 @@ class Stochastic(Control):
 
     Two phases. *Adapting*: at each plateau of the trace the step is halved, until it is at
     most ``max_average_rate`` and the iterates' step-to-step spread is below ``max_spread``
-    of q's sds. *Averaging*: the step stays fixed and every iterate enters a running average
-    (:class:`RunningAverage`); its Monte Carlo error is the iterates' pooled variance times
-    their correlation time over their number (after at least four windows, ``span``
-    correlation times and :data:`LAG_SPAN` times the longest lag read): per coordinate the
+    of q's sds (a window spread by more than ``unstable_spread`` while averaging halves the
+    step and adapts again). *Averaging*: the step stays fixed and every iterate enters a
+    running average (:class:`RunningAverage`); its Monte Carlo error is the iterates'
+    pooled variance times their correlation time over their number (after at least four
+    windows, ``span`` correlation times and :data:`LAG_SPAN` times the longest lag read): per
+    coordinate the
     larger of what the step implies, ``(2 - rate) / rate``, and the ones measured from the
     iterates' autocorrelations (``measured``; :meth:`RunningAverage.correlation_times`).
     Once that error is below ``tol`` the average is compared with the one at twice the step:
@@ -676,6 +678,7 @@ class Stochastic(Control):
     min_window: int = 20
     min_rate: float = 1e-4
     max_spread: float = 0.5
+    unstable_spread: float = 1.0
     max_average_rate: float = 0.5
     min_windows: int = 4
     max_rejections: int = 30
@@ -741,6 +744,14 @@ class Stochastic(Control):
         noise = sds * math.sqrt(self.correlation_time(state) / len(locations))  # the mean's sd
         window_means, drifting = self._drifting(state, locations.mean(axis=0), noise)
         state = state._replace(previous=stats, window_means=window_means)
+        spread = float(np.max(sds / state.scale))
+        if state.averaging and spread > self.unstable_spread:
+            # the iterates wander by more than a sd of q within a window: the step is too
+            # large to average at (GF continuing GPF's fit of a non-centred eight-schools
+            # posterior entered averaging at 1/2 after a quiet window, then its windows
+            # spread by 0.8-2.1 sds for 10 000 steps and it ended 1.4 sds off the optimum)
+            state = state._replace(averaging=False, average=RunningAverage(), coarse=None)
+            return self._halve(state, len(locations))
         if state.averaging:
             if falling:  # not stationary after all: average afresh from here, and
                 # compare with no average of an earlier q
@@ -753,7 +764,6 @@ class Stochastic(Control):
                 ):
                     return self._settled(state)
         elif not falling:
-            spread = float(np.max(sds / state.scale))
             small_step = state.rate <= self.max_average_rate
             quiet = small_step and spread < self.tol
             if quiet and drifting is False:
@@ -766,11 +776,17 @@ class Stochastic(Control):
             elif small_step and spread < self.max_spread:
                 state = state._replace(averaging=True, average=RunningAverage())
             else:
-                sums = state.window_sums  # the new rate clears the window
-                state = self._new_rate(state, state.rate / 2)
-                if state.rate < self.min_rate:
-                    return self._stop(state, sums, len(locations), "floor")
+                return self._halve(state, len(locations))
         return _cleared(state), GO_ON
+
+    def _halve(self, state: StochasticState, count: int) -> tuple[StochasticState, Decision]:
+        """Halve the step (a new window starts), or stop on the window's average at the
+        floor."""
+        sums = state.window_sums  # the new rate clears the window
+        state = self._new_rate(state, state.rate / 2)
+        if state.rate < self.min_rate:
+            return self._stop(state, sums, count, "floor")
+        return state, GO_ON
 
     def _drifting(
         self, state: StochasticState, mean: np.ndarray, noise: np.ndarray | None = None
