@@ -646,9 +646,9 @@ class Stochastic(Control):
     running average (:class:`RunningAverage`); its Monte Carlo error is the iterates'
     pooled variance times their correlation time over their number (after at least four
     windows, ``span`` correlation times and :data:`LAG_SPAN` times the longest lag read): per
-    coordinate the
-    larger of what the step implies, ``(2 - rate) / rate``, and the ones measured from the
-    iterates' autocorrelations (``measured``; :meth:`RunningAverage.correlation_times`).
+    coordinate the larger of what the step implies, ``(2 - rate) / rate``, and the ones
+    measured from the iterates' autocorrelations (``measured``;
+    :meth:`RunningAverage.correlation_times`).
     Once that error is below ``tol`` the average is compared with the one at twice the step:
     the fit ends when its bias (their difference, less ``margin`` sds of its noise) and its
     error are within ``tol`` in quadrature in every coordinate (:meth:`_agree`), else the
