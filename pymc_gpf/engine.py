@@ -138,6 +138,8 @@ class FlowInference(Inference):
     average_span: ClassVar[float] = SPAN
     lag_reach: ClassVar[float] = LAG_REACH
     agreement_margin: ClassVar[float] = Z_BIAS
+    # whether the averages at the largest averaging step and half of it may end a fit
+    stop_beside_largest_step: ClassVar[bool] = Stochastic.stop_beside_largest_step
     # a method without a constructor of its own: its keywords are this config's fields
     Config: ClassVar[type[MethodConfig] | None] = None
 
@@ -899,6 +901,7 @@ def stochastic_control(inference: FlowInference, tol: float) -> Stochastic:
         span=inference.average_span,
         reach=inference.lag_reach,
         margin=inference.agreement_margin,
+        stop_beside_largest_step=inference.stop_beside_largest_step,
         crawl=inference.crawl_steps,
     )
 

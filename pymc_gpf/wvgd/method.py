@@ -326,6 +326,8 @@ class WVGD(FlowInference):
     average_span = 5
     lag_reach = 0.0
     agreement_margin = 3.0
+    # its margin of 3 sds already holds its stops back (its cell weights' noise is not q's)
+    stop_beside_largest_step = True
 
     @property
     def measured_correlation(self) -> bool:
