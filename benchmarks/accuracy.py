@@ -567,7 +567,7 @@ def type2(ctx) -> str:
 SECTIONS = {
     "reference": ("Posteriors with outside ground truth (posteriordb, inference-gym)", reference),
     "hard": ("Hard posteriors: unscaled predictors, funnels, GPs, GARCH, ARMA, mixtures, random "
-             "walks", hard),
+             "walks, truncation, a banana", hard),
     "multimodal": ("Several modes: the mass in each, at defaults (exact by quadrature)",
                    multimodal),
     "minibatch": ("A minibatch regression at defaults (closed-form posterior)", minibatch),

@@ -371,6 +371,37 @@ def random_walks():
     return model
 
 
+def truncated_normal():
+    rng = np.random.default_rng(909)
+    y = rng.normal(2.0, 1.5, 400)
+    with pm.Model() as model:
+        mu, sigma = pm.Normal("mu", 0.0, 5.0), pm.HalfNormal("sigma", 3.0)
+        pm.Truncated("y", pm.Normal.dist(mu, sigma), lower=1.0, observed=y[y > 1.0][:80])
+    return model
+
+
+def hierarchical_logistic():
+    rng = np.random.default_rng(1010)
+    sizes = rng.integers(3, 20, 30)
+    group = np.repeat(np.arange(30), sizes)
+    x = rng.normal(size=len(group))
+    logit = -0.5 + 0.8 * rng.normal(size=30)[group] + 0.7 * x
+    y = (rng.random(len(group)) < 1.0 / (1.0 + np.exp(-logit))).astype(int)
+    with pm.Model() as model:
+        mu, tau = pm.Normal("mu", 0.0, 2.0), pm.HalfNormal("tau", 1.0)
+        z, beta = pm.Normal("z", 0.0, 1.0, shape=30), pm.Normal("beta", 0.0, 2.0)
+        pm.Bernoulli("y", logit_p=mu + tau * z[group] + beta * x, observed=y)
+    return model
+
+
+def banana():
+    y = 1.0 + 0.5 * np.random.default_rng(1111).standard_normal(10)
+    with pm.Model() as model:
+        a, b = pm.Normal("a", 0.0, 1.0), pm.Normal("b", 0.0, 1.0)
+        pm.Normal("y", a + b**2, 0.5, observed=y)
+    return model
+
+
 @dataclass(frozen=True)
 class HardCase:
     name: str
@@ -397,6 +428,12 @@ HARD = {c.name: c for c in (
     HardCase("mixture", "two-component 1-D mixture, ordered means", mixture, ("w", "mu", "sigma")),
     HardCase("random_walks", "three Gaussian random walks of 100 steps observed with noise, "
              "D = 304", random_walks, ("sigma", "walk", "obs_sd"), optimum_draws=2**16),
+    HardCase("truncated_normal", "normal truncated below at 1, 80 observations: sd and mean "
+             "trade off", truncated_normal, ("mu", "sigma")),
+    HardCase("hierarchical_logistic", "non-centred hierarchical logistic regression, 30 groups "
+             "of 3-19 observations, D = 33", hierarchical_logistic, ("mu", "tau", "z", "beta")),
+    HardCase("banana", "y ~ N(a + b^2, 0.5^2): a curved posterior with two modes in b",
+             banana, ("a", "b")),
 )}  # fmt: skip
 
 
