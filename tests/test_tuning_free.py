@@ -775,6 +775,25 @@ def test_gpf_continuation_shows_callbacks_its_steps_and_is_saved(tmp_path):
     assert loaded.outcome.reason == approx.outcome.reason
 
 
+def test_gpf_continuation_cut_by_the_step_cap_says_so_once():
+    """GPF's continuation with GF's flow (log Gamma(1/2), as above) cut by the step cap 20
+    steps after it began: the warning names the cap and the remedy once, with the reason the
+    flow took over (GF's own message used to repeat "(n steps this call); continue with
+    approx.refine(n)")."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pymc_gpf.FitWarning)
+        whole = pm.fit(method="gpf", model=log_gamma(0.5), random_seed=1, progressbar=False)
+    began = whole.inference.stages[-1]["step"]
+    with pytest.warns(pymc_gpf.FitWarning, match="did not converge") as caught:
+        cut = pm.fit(began + 20, method="gpf", model=log_gamma(0.5), random_seed=1,
+                     progressbar=False)  # fmt: skip
+    assert cut.outcome.reason == "max_steps" and "fresh_draws" in cut.inference.stages[-1]
+    message = str(caught[0].message)
+    assert f"continued from step {began}" in message
+    assert message.count("steps this call") == 1
+    assert message.count("continue with approx.refine(n)") == 1
+
+
 # ---------------------------------------------------------------------- minibatches
 @pytest.fixture(scope="module")
 def minibatch_regression():

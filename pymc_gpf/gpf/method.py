@@ -420,7 +420,8 @@ class GPF(FlowInference):
         self.own.stages.begin(n)
         self.own.stages.stages.append({
             "step": step_count, "n_particles": n, "fresh_draws": reason,
-            "message": gf.outcome.message,
+            # GF's own words, without its "(n steps this call)": this call adds it
+            "message": gf.end_message(gf.outcome.reason),
         })  # fmt: skip
         self._adopt(gf)
         self.own.fresh = self.own.gf = gf
@@ -540,7 +541,7 @@ class GPF(FlowInference):
         ))  # fmt: skip
         self.own.stages.stages.append({
             "step": 0, "n_particles": len(self.approx.particles),
-            "fresh_draws": self.structure.kind, "message": gf.outcome.message,
+            "fresh_draws": self.structure.kind, "message": gf.end_message(gf.outcome.reason),
         })  # fmt: skip
         self._adopt(gf)
         self.conclude_run(gf.outcome.reason, n)
